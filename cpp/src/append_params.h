@@ -1,0 +1,93 @@
+// What one append call writes where: a torch-free description shared by the CPU and CUDA kernels,
+// and the bounds contract that keeps device-side index data from ever addressing outside the cache.
+#pragma once
+
+#include <cstdint>
+
+#include "nvfp4kv/nvfp4_codec.h"
+
+namespace nvfp4kv {
+
+// A 1-D int32 or int64 index tensor read as given (no conversion), any stride.
+struct IndexView {
+  const void* data;
+  int64_t stride;  // in elements
+  int64_t size;
+  bool is_int64;
+
+  NVFP4KV_HOST_DEVICE int64_t operator[](int64_t i) const {
+    return is_int64 ? static_cast<const int64_t*>(data)[i * stride]
+                    : int64_t(static_cast<const int32_t*>(data)[i * stride]);
+  }
+};
+
+// Rows to quantize: [nnz, num_kv_heads, head_dim] fp16 or bf16, last dim contiguous.
+struct RowsView {
+  const uint16_t* data;  // raw 16-bit elements
+  int64_t row_stride;    // in elements
+  int64_t head_stride;   // in elements
+};
+
+// One 4-D cache tensor of 1-byte elements (uint8 data or float8_e4m3fn scales), last dim contiguous.
+// Strides are in bytes and already resolved for the layout:
+//   NHD [pages, page_size, heads, width]: entry_stride = stride(1), head_stride = stride(2)
+//   HND [pages, heads, page_size, width]: entry_stride = stride(2), head_stride = stride(1)
+struct CacheView {
+  uint8_t* data;
+  int64_t page_stride;
+  int64_t entry_stride;
+  int64_t head_stride;
+
+  NVFP4KV_HOST_DEVICE uint8_t* at(int64_t page, int64_t entry, int64_t head) const {
+    return data + page * page_stride + entry * entry_stride + head * head_stride;
+  }
+};
+
+struct AppendParams {
+  RowsView key;            // [nnz, num_heads, head_dim]
+  RowsView value;          // [nnz, num_heads, head_dim]
+  bool input_is_bf16;      // else float16
+  IndexView batch_indices; // [nnz]
+  IndexView positions;     // [nnz]
+  IndexView kv_indices;    // [kv_indptr[-1]] page ids
+  IndexView kv_indptr;     // [batch_size + 1]
+  CacheView k_data;        // head_dim / 2 bytes per (page, entry, head)
+  CacheView v_data;
+  CacheView k_scales;      // head_dim / 16 bytes per (page, entry, head)
+  CacheView v_scales;
+  int64_t nnz;
+  int64_t num_heads;
+  int64_t head_dim;
+  int64_t page_size;
+  int64_t num_pages;       // max_num_pages of the cache
+  int64_t batch_size;
+  float k_scale;           // global decode scales, validated positive and finite on the host
+  float v_scale;
+};
+
+// Where row `row` lands, or false when it must be skipped (nothing written).
+// Bounds contract (index values are device data; none of them may cause an out-of-bounds access):
+//   b = batch_indices[row] must lie in [0, batch_size);
+//   the request's page range must be sane: 0 <= kv_indptr[b] <= kv_indptr[b+1] <= kv_indices.size;
+//   p = positions[row] must be >= 0 and its page slot kv_indptr[b] + p / page_size must lie in
+//   [kv_indptr[b], kv_indptr[b+1]);
+//   page = kv_indices[slot] must lie in [0, num_pages).
+// Every comparison is arranged so that no intermediate overflows int64 whatever the inputs hold.
+NVFP4KV_HOST_DEVICE bool resolve_row_target(const AppendParams& p, int64_t row, int64_t& page,
+                                            int64_t& entry) {
+  const int64_t b = p.batch_indices[row];
+  if (b < 0 || b >= p.batch_size) return false;
+  const int64_t first = p.kv_indptr[b];
+  const int64_t last = p.kv_indptr[b + 1];
+  if (first < 0 || first > last || last > p.kv_indices.size) return false;
+  const int64_t position = p.positions[row];
+  if (position < 0) return false;
+  const int64_t page_offset = position / p.page_size;
+  if (page_offset >= last - first) return false;
+  page = p.kv_indices[first + page_offset];
+  if (page < 0 || page >= p.num_pages) return false;
+  entry = position - page_offset * p.page_size;
+  return true;
+}
+
+}  // namespace nvfp4kv

@@ -1,0 +1,17 @@
+// Every nvfp4kv operator schema. Backend files (cpu/, cuda/) only register implementations;
+// python/nvfp4kv/fake.py registers the fake (meta) implementations used for tracing.
+#include <torch/csrc/stable/library.h>
+
+STABLE_TORCH_LIBRARY(nvfp4kv, m) {
+  // Quantizes K/V rows to NVFP4 and scatters them into a paged cache (SPEC section 1).
+  // Tuple caches: k_cache/v_cache and k_cache_sf/v_cache_sf are the four 4-D tensors.
+  // Stacked caches: k_cache and k_cache_sf are the 5-D tensors (K/V on dim 1) and v_cache /
+  // v_cache_sf are None, so a stacked cache reaches the op, and torch.compile, as ONE mutable tensor.
+  m.def(
+      "append_paged_kv_cache(Tensor append_key, Tensor append_value, Tensor batch_indices, "
+      "Tensor positions, Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor(c!) k_cache_sf, "
+      "Tensor(d!)? v_cache_sf, Tensor kv_indices, Tensor kv_indptr, Tensor kv_last_page_len, "
+      "float k_scale, float v_scale, str kv_layout) -> ()");
+  // packed uint8 [..., D/2] + float8_e4m3fn scales [..., D/16] -> float32 [..., D].
+  m.def("dequantize(Tensor packed, Tensor scales, float global_scale) -> Tensor");
+}

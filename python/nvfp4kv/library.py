@@ -1,0 +1,29 @@
+"""Loads the compiled op library (libnvfp4kv.so) into torch's dispatcher, once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def library_path() -> Path:
+    """Path of the installed shared library (override with NVFP4KV_LIBRARY for a build tree)."""
+    override = os.environ.get("NVFP4KV_LIBRARY")
+    return Path(override) if override else _PACKAGE_DIR / "lib" / "libnvfp4kv.so"
+
+
+def load() -> None:
+    path = library_path()
+    if not path.exists():
+        raise ImportError(f"nvfp4kv: compiled library not found at {path}; install the package with "
+                          "`pip install --no-build-isolation .` from the repository root")
+    torch.ops.load_library(str(path))
+
+
+def has_cuda_kernels() -> bool:
+    """True when the loaded library registered CUDA kernels (built with nvcc)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("nvfp4kv::append_paged_kv_cache", "CUDA")
