@@ -325,6 +325,35 @@ def test_huge_global_scale_makes_six_s_infinite():
     assert scale_bytes(scales) == [0x7E] and codes_of(packed)[:3] == [0x7, 0x8, 0x0]
 
 
+def test_fp32_order_of_operations():
+    # s = 1.3 is 1.29999995 in fp32 and 6.0f * s = 7.7999997 in fp32. Each case below gives different bytes if the
+    # products are not rounded to fp32 in the order SPEC section 2 gives.
+    s = f32(1.3)
+    six_s = f32(6 * s)
+    assert six_s == 7.799999713897705
+
+    # Step 3: a = 3.046875; a / six_s rounds to exactly 0.390625, the midpoint of 0.375 (0x2C) and 0.40625 (0x2D),
+    # so the even 0x2C wins. Exact arithmetic, a / (6 * s) = 0.3906250143, would round up to 0x2D.
+    a = 3.046875
+    assert f32(a / six_s) == 0.390625 and a / (6 * s) > 0.390625
+    _, scales = ref.quantize(torch.tensor([a] + [0.0] * 15, dtype=torch.float16), 1.3)
+    assert scale_bytes(scales) == [0x2C]
+
+    # Step 5: a = 6.3359375 gives t = 0.8123 -> sf = 0.8125 (0x35). r = 1 / f32(0.8125 * s) = 0.94674557, and
+    # x = 1.3203125 gives y = f32(x * r) = 1.25 exactly: a tie, code 2. (1 / sf) / s = 0.94674563 would give
+    # y = 1.2500001 -> code 3.
+    r = f32(1 / f32(0.8125 * s))
+    assert f32(1.3203125 * r) == 1.25 and f32(1.3203125 * f32(f32(1 / 0.8125) / s)) > 1.25
+    packed, scales = ref.quantize(torch.tensor([6.3359375, 1.3203125] + [0.0] * 14, dtype=torch.float16), 1.3)
+    assert scale_bytes(scales) == [0x35] and codes_of(packed)[:2] == [0x7, 0x2]
+
+    # Dequantization: (1.5 * sf) * s with sf = 0x0F = 15 * 2**-9; 1.5 * sf = 0.0439453125 is exact, so only the
+    # product with s rounds. 1.5 * f32(sf * s) would round twice and end one ulp higher.
+    sf = torch.tensor([0x0F], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    value = ref.dequantize(torch.tensor([0x03] + [0] * 7, dtype=torch.uint8), sf, 1.3)[0].item()
+    assert value == f32(0.0439453125 * s) and value != f32(1.5 * f32(15 * 2.0**-9 * s))
+
+
 def test_input_dtypes_agree_on_values_they_share():
     generator = torch.Generator().manual_seed(2)
     x = torch.randint(-64, 65, (3, 2, 64), generator=generator).to(F32) / 8  # exact in fp16, bf16 and fp32
@@ -404,12 +433,14 @@ def make_scenario(seed, dtype):
     generator = torch.Generator().manual_seed(seed)
     # Requests 0-2 are healthy: (tokens already cached, tokens appended) = (3, 2), (0, 5), (6, 3) need 2, 2, 3 pages.
     # Request 3's page index is past the cache, request 4's is negative, request 5's kv_indptr points past kv_indices.
-    healthy_pages = torch.randperm(MAX_NUM_PAGES, generator=generator)[:7].tolist()
+    # The last page is never used, so a negative page index that wrapped around would show up there.
+    healthy_pages = torch.randperm(MAX_NUM_PAGES - 1, generator=generator)[:7].tolist()
     kv_indices = healthy_pages + [MAX_NUM_PAGES, -1]
     kv_indptr = [0, 2, 4, 7, 8, 9, 10]
     kv_last_page_len = [1, 1, 1, 2, 2, 2]
     rows = [(0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (2, 6), (2, 7), (2, 8)]
-    skipped = [(3, 0), (4, 1), (5, 0), (6, 0), (-1, 0), (0, -1), (1, 8)]  # (1, 8) lands on request 2's pages
+    # (1, 8) would land on request 2's pages; (-7, 1) would wrap around to request 0's unused slot 1.
+    skipped = [(3, 0), (4, 1), (5, 0), (6, 0), (-1, 0), (-7, 1), (0, -1), (1, 8)]
     rows = rows + skipped
     order = torch.randperm(len(rows), generator=generator).tolist()
     rows = [rows[i] for i in order]

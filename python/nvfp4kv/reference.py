@@ -187,7 +187,7 @@ def _resolve_targets(
     rows, p, page_iter = rows[keep], p[keep], page_iter[keep]
 
     page = indices[page_iter]
-    keep = (page >= 0) & (page < max_num_pages)
+    keep = (page < max_num_pages)
     rows, p, page = rows[keep], p[keep], page[keep]
     entry = p % page_size
 
