@@ -332,12 +332,19 @@ def test_fp32_order_of_operations():
     six_s = f32(6 * s)
     assert six_s == 7.799999713897705
 
-    # Step 3: a = 3.046875; a / six_s rounds to exactly 0.390625, the midpoint of 0.375 (0x2C) and 0.40625 (0x2D),
-    # so the even 0x2C wins. Exact arithmetic, a / (6 * s) = 0.3906250143, would round up to 0x2D.
+    # Step 3, the division: a = 3.046875; a / six_s rounds to exactly 0.390625, the midpoint of 0.375 (0x2C) and
+    # 0.40625 (0x2D), so the even 0x2C wins. Exact arithmetic, a / (6 * s) = 0.3906250143, would round up to 0x2D.
     a = 3.046875
     assert f32(a / six_s) == 0.390625 and a / (6 * s) > 0.390625
     _, scales = ref.quantize(torch.tensor([a] + [0.0] * 15, dtype=torch.float16), 1.3)
     assert scale_bytes(scales) == [0x2C]
+
+    # Step 3, the product: with s = 0.7, 6.0f * s = 4.1999998 (fp32; the exact product is 4.19999993) and
+    # a = 1.640625 gives t = 0.39062503 -> 0x2D. With the unrounded product t would be the tie 0.390625 -> 0x2C.
+    s_07 = f32(0.7)
+    assert f32(1.640625 / f32(6 * s_07)) == 0.3906250298023224 and f32(1.640625 / (6 * s_07)) == 0.390625
+    _, scales = ref.quantize(torch.tensor([1.640625] + [0.0] * 15, dtype=torch.float16), 0.7)
+    assert scale_bytes(scales) == [0x2D]
 
     # Step 5: a = 6.3359375 gives t = 0.8123 -> sf = 0.8125 (0x35). r = 1 / f32(0.8125 * s) = 0.94674557, and
     # x = 1.3203125 gives y = f32(x * r) = 1.25 exactly: a tie, code 2. (1 / sf) / s = 0.94674563 would give
@@ -458,7 +465,9 @@ def make_scenario(seed, dtype):
 
 
 def cache_shape(layout, last_dim):
-    return (MAX_NUM_PAGES, PAGE_SIZE, HEADS, last_dim) if layout == "NHD" else (MAX_NUM_PAGES, HEADS, PAGE_SIZE, last_dim)
+    if layout == "NHD":
+        return (MAX_NUM_PAGES, PAGE_SIZE, HEADS, last_dim)
+    return (MAX_NUM_PAGES, HEADS, PAGE_SIZE, last_dim)
 
 
 def make_poisoned_caches(form, layout):

@@ -110,7 +110,8 @@ def quantize(x: Tensor, global_scale: float) -> Tuple[Tensor, Tensor]:
     r = torch.where((a == 0) | (sf == 0), 0.0, 1.0 / (sf * s))
 
     y = blocks * r.unsqueeze(-1)
-    # The sign comes from x, not y: they differ only when y is NaN (x == 0 times r == inf), see the module tests.
+    # The sign bit is signbit(x). It equals signbit(y) except when y is NaN (x == +-0 times r == inf, only for absurdly
+    # small s), where signbit(NaN) would be arbitrary; tests/test_reference.py: test_tiny_global_scale_makes_r_infinite.
     sign = torch.signbit(blocks).to(torch.uint8) * E2M1_SIGN_BIT
     codes = sign | round_to_e2m1_code(y.abs())
 
@@ -187,7 +188,7 @@ def _resolve_targets(
     rows, p, page_iter = rows[keep], p[keep], page_iter[keep]
 
     page = indices[page_iter]
-    keep = (page < max_num_pages)
+    keep = (page >= 0) & (page < max_num_pages)
     rows, p, page = rows[keep], p[keep], page[keep]
     entry = p % page_size
 
