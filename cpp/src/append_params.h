@@ -68,23 +68,26 @@ struct AppendParams {
 // Where row `row` lands, or false when it must be skipped (nothing written).
 // Bounds contract (index values are device data; none of them may cause an out-of-bounds access):
 //   b = batch_indices[row] must lie in [0, batch_size);
-//   the request's page range must be sane: 0 <= kv_indptr[b] <= kv_indptr[b+1] <= kv_indices.size;
-//   p = positions[row] must be >= 0 and its page slot kv_indptr[b] + p / page_size must lie in
-//   [kv_indptr[b], kv_indptr[b+1]);
-//   page = kv_indices[slot] must lie in [0, num_pages).
-// Every comparison is arranged so that no intermediate overflows int64 whatever the inputs hold.
+//   p = positions[row] must be >= 0;
+//   the page slot s = kv_indptr[b] + p / page_size must lie in [kv_indptr[b], kv_indptr[b+1]) (so a
+//   decreasing kv_indptr skips the request) and in [0, kv_indices.size);
+//   page = kv_indices[s] must lie in [0, num_pages).
+// The comparisons are arranged so that no intermediate overflows, whatever values the tensors hold.
 NVFP4KV_HOST_DEVICE bool resolve_row_target(const AppendParams& p, int64_t row, int64_t& page,
                                             int64_t& entry) {
   const int64_t b = p.batch_indices[row];
   if (b < 0 || b >= p.batch_size) return false;
-  const int64_t first = p.kv_indptr[b];
-  const int64_t last = p.kv_indptr[b + 1];
-  if (first < 0 || first > last || last > p.kv_indices.size) return false;
   const int64_t position = p.positions[row];
   if (position < 0) return false;
+  const int64_t first = p.kv_indptr[b];
+  const int64_t last = p.kv_indptr[b + 1];
+  if (first >= last) return false;
   const int64_t page_offset = position / p.page_size;
-  if (page_offset >= last - first) return false;
-  page = p.kv_indices[first + page_offset];
+  // last - first fits in uint64 because last > first; slot < last then cannot overflow.
+  if (uint64_t(page_offset) >= uint64_t(last) - uint64_t(first)) return false;
+  const int64_t slot = first + page_offset;
+  if (slot < 0 || slot >= p.kv_indices.size) return false;
+  page = p.kv_indices[slot];
   if (page < 0 || page >= p.num_pages) return false;
   entry = position - page_offset * p.page_size;
   return true;

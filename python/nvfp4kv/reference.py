@@ -157,7 +157,7 @@ def _as_nhd(cache: Tensor, kv_layout: str) -> Tensor:
     return cache if kv_layout == "NHD" else cache.transpose(1, 2)
 
 
-def _resolve_targets(
+def resolve_targets(
     batch_indices: Tensor,
     positions: Tensor,
     kv_indices: Tensor,
@@ -165,13 +165,14 @@ def _resolve_targets(
     kv_last_page_len: Tensor,
     max_num_pages: int,
     page_size: int,
+    keep_duplicates: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """(row, page, entry) int64 triples of the rows that land inside the cache; every other row is skipped.
 
     A row is skipped when b is not in [0, batch_size), p < 0, page_iter = kv_indptr[b] + p // page_size is not in
     [kv_indptr[b], kv_indptr[b+1]) or not in [0, kv_indices.numel()), or page = kv_indices[page_iter] is not in
     [0, max_num_pages). Arithmetic is int64, so no value wraps. When several rows hit the same slot the last one
-    wins (a deterministic choice; the spec does not define it).
+    wins (a deterministic choice; the spec does not define it) unless keep_duplicates is set.
     """
     batch_size = kv_last_page_len.numel()
     indptr = kv_indptr.long()
@@ -192,6 +193,8 @@ def _resolve_targets(
     rows, p, page = rows[keep], p[keep], page[keep]
     entry = p % page_size
 
+    if keep_duplicates:
+        return rows, page, entry
     slot = page * page_size + entry
     _, slot_id = torch.unique(slot, return_inverse=True)
     last_row_of_slot = torch.full((rows.numel(),), -1, dtype=torch.int64, device=rows.device)
@@ -218,7 +221,7 @@ def nvfp4_quantize_append_paged_kv_cache(
 
     append_key/append_value: [nnz, heads, head_dim]. Caches: NHD [pages, page_size, heads, head_dim/2] (scales
     head_dim/16), HND [pages, heads, page_size, ...]; as a (k, v) tuple or stacked on dim 1. Rows whose indices fall
-    outside the cache are skipped (see _resolve_targets); nothing but the target bytes changes.
+    outside the cache are skipped (see resolve_targets); nothing but the target bytes changes.
     """
     if kv_layout not in ("NHD", "HND"):
         raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
@@ -226,7 +229,7 @@ def nvfp4_quantize_append_paged_kv_cache(
     k_sf, v_sf = _split_kv(kv_cache_sf, "kv_cache_sf")
     page_size = _as_nhd(k_cache, kv_layout).shape[1]
 
-    rows, page, entry = _resolve_targets(
+    rows, page, entry = resolve_targets(
         batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_cache.shape[0], page_size
     )
     key_side = (append_key, k_cache, k_sf, k_scale)
