@@ -6,19 +6,17 @@
 namespace nvfp4kv {
 namespace {
 
-constexpr const char* kOp = "append_paged_kv_cache";
-
-void check_rows(const Tensor& t, const char* name) {
+void check_rows(const char* op, const Tensor& t, const char* name) {
   if (t.stride(2) != 1) {
-    fail(kOp, name, " must be contiguous in its last dim (stride 1), got stride ", t.stride(2));
+    fail(op, name, " must be contiguous in its last dim (stride 1), got stride ", t.stride(2));
   }
 }
 
-IndexView check_index(const Tensor& t, const char* name) {
+IndexView check_index(const char* op, const Tensor& t, const char* name) {
   if (!is_index_dtype(t.scalar_type())) {
-    fail(kOp, name, " must have dtype int32 or int64, got ", dtype_name(t.scalar_type()));
+    fail(op, name, " must have dtype int32 or int64, got ", dtype_name(t.scalar_type()));
   }
-  if (t.dim() != 1) fail(kOp, name, " must be a 1-D tensor, got shape ", shape_string(t));
+  if (t.dim() != 1) fail(op, name, " must be a 1-D tensor, got shape ", shape_string(t));
   return IndexView{t.data_ptr(), t.stride(0), t.size(0), t.scalar_type() == ScalarType::Long};
 }
 
@@ -43,7 +41,7 @@ CacheTensor four_d(const Tensor& t, const std::string& name) {
 }
 
 // Splits a tuple or stacked cache argument into its K and V 4-D tensors, checking dtype and rank.
-std::array<CacheTensor, 2> split_cache(const Tensor& first, const std::optional<Tensor>& second,
+std::array<CacheTensor, 2> split_cache(const char* op, const Tensor& first, const std::optional<Tensor>& second,
                                        const char* name, ScalarType dtype) {
   const std::string base = name;
   const bool stacked = !second.has_value();
@@ -51,14 +49,14 @@ std::array<CacheTensor, 2> split_cache(const Tensor& first, const std::optional<
   for (int i = 0; i < (stacked ? 1 : 2); ++i) {
     const std::string part = stacked ? base : base + "[" + std::to_string(i) + "]";
     if (parts[i]->scalar_type() != dtype) {
-      fail(kOp, part, " must have dtype ", dtype_name(dtype), ", got ", dtype_name(parts[i]->scalar_type()));
+      fail(op, part, " must have dtype ", dtype_name(dtype), ", got ", dtype_name(parts[i]->scalar_type()));
     }
     if (stacked && (first.dim() != 5 || first.size(1) != 2)) {
-      fail(kOp, part, " as one tensor must be 5-D with K/V on dim 1 ([max_num_pages, 2, ...]), got shape ",
+      fail(op, part, " as one tensor must be 5-D with K/V on dim 1 ([max_num_pages, 2, ...]), got shape ",
            shape_string(first));
     }
     if (!stacked && parts[i]->dim() != 4) {
-      fail(kOp, part, " must be a 4-D tensor, got shape ", shape_string(*parts[i]));
+      fail(op, part, " must be a 4-D tensor, got shape ", shape_string(*parts[i]));
     }
   }
   if (!stacked) return {four_d(first, base + "[0]"), four_d(*second, base + "[1]")};
@@ -73,7 +71,7 @@ std::array<CacheTensor, 2> split_cache(const Tensor& first, const std::optional<
 // Checks one 4-D cache tensor against [pages, page_size, heads, width] (NHD) or
 // [pages, heads, page_size, width] (HND). `reference` (the K data cache) fixes pages and page_size
 // once it has been checked itself.
-CacheView check_cache(const CacheTensor& t, ScalarType dtype, bool nhd, int64_t num_heads, int64_t width,
+CacheView check_cache(const char* op, const CacheTensor& t, ScalarType dtype, bool nhd, int64_t num_heads, int64_t width,
                       const CacheTensor* reference) {
   const char* name = t.name.c_str();
   const int entry_dim = nhd ? 1 : 2;
@@ -94,111 +92,53 @@ CacheView check_cache(const CacheTensor& t, ScalarType dtype, bool nhd, int64_t 
       if (expected[d] < 0) want << '*'; else want << expected[d];
     }
     want << ']';
-    fail(kOp, name, " must have shape ",
+    fail(op, name, " must have shape ",
          nhd ? "[max_num_pages, page_size, num_kv_heads, " : "[max_num_pages, num_kv_heads, page_size, ",
          dtype == ScalarType::Byte ? "head_dim/2]" : "head_dim/16]", " = ", want.str(), " for kv_layout ",
          nhd ? "NHD" : "HND", ", got ", sizes_string(t.sizes));
   }
   if (t.strides[3] != 1) {
-    fail(kOp, name, " must be contiguous in its last dim (stride 1), got stride ", t.strides[3]);
+    fail(op, name, " must be contiguous in its last dim (stride 1), got stride ", t.strides[3]);
   }
   if (t.sizes[entry_dim] < 1) {
-    fail(kOp, name, " must have page_size >= 1, got shape ", sizes_string(t.sizes));
+    fail(op, name, " must have page_size >= 1, got shape ", sizes_string(t.sizes));
   }
   return CacheView{t.data, t.strides[0], t.strides[entry_dim], t.strides[head_dim]};
 }
 
-}  // namespace
-
-AppendParams check_append_arguments(const Tensor& append_key, const Tensor& append_value,
-                                    const Tensor& batch_indices, const Tensor& positions,
-                                    const Tensor& k_cache, const std::optional<Tensor>& v_cache,
-                                    const Tensor& k_cache_sf, const std::optional<Tensor>& v_cache_sf,
-                                    const Tensor& kv_indices, const Tensor& kv_indptr,
-                                    const Tensor& kv_last_page_len, double k_scale, double v_scale,
-                                    const std::string& kv_layout) {
+// Layout string, then append_key / append_value: [nnz, num_kv_heads, head_dim], fp16 or bf16.
+bool check_layout(const char* op, const std::string& kv_layout) {
   if (kv_layout != "NHD" && kv_layout != "HND") {
-    fail(kOp, "kv_layout must be \"NHD\" or \"HND\", got \"", kv_layout, "\"");
+    fail(op, "kv_layout must be \"NHD\" or \"HND\", got \"", kv_layout, "\"");
   }
-  const bool nhd = kv_layout == "NHD";
+  return kv_layout == "NHD";
+}
 
-  // append_key / append_value: [nnz, num_kv_heads, head_dim], fp16 or bf16.
+void check_rows_pair(const char* op, const Tensor& append_key, const Tensor& append_value, AppendParams& p) {
   if (append_key.dim() != 3) {
-    fail(kOp, "append_key must be a 3-D tensor [nnz, num_kv_heads, head_dim], got shape ", shape_string(append_key));
+    fail(op, "append_key must be a 3-D tensor [nnz, num_kv_heads, head_dim], got shape ", shape_string(append_key));
   }
   const ScalarType dtype = append_key.scalar_type();
   if (dtype != ScalarType::Half && dtype != ScalarType::BFloat16) {
-    fail(kOp, "append_key must have dtype float16 or bfloat16, got ", dtype_name(dtype));
+    fail(op, "append_key must have dtype float16 or bfloat16, got ", dtype_name(dtype));
   }
   const int64_t nnz = append_key.size(0);
   const int64_t num_heads = append_key.size(1);
   const int64_t head_dim = append_key.size(2);
   if (head_dim <= 0 || head_dim % 16 != 0) {
-    fail(kOp, "append_key head_dim (last dim) must be a positive multiple of 16, got ", head_dim);
+    fail(op, "append_key head_dim (last dim) must be a positive multiple of 16, got ", head_dim);
   }
-  check_rows(append_key, "append_key");
+  check_rows(op, append_key, "append_key");
   if (append_value.dim() != 3 || append_value.size(0) != nnz || append_value.size(1) != num_heads ||
       append_value.size(2) != head_dim) {
-    fail(kOp, "append_value must have the same shape as append_key ", shape_string(append_key), ", got ",
+    fail(op, "append_value must have the same shape as append_key ", shape_string(append_key), ", got ",
          shape_string(append_value));
   }
   if (append_value.scalar_type() != dtype) {
-    fail(kOp, "append_value must have the same dtype as append_key (", dtype_name(dtype), "), got ",
+    fail(op, "append_value must have the same dtype as append_key (", dtype_name(dtype), "), got ",
          dtype_name(append_value.scalar_type()));
   }
-  check_rows(append_value, "append_value");
-
-  // Every tensor on append_key's device.
-  const std::vector<std::pair<const Tensor*, const char*>> others{
-      {&append_value, "append_value"}, {&batch_indices, "batch_indices"}, {&positions, "positions"},
-      {&k_cache, "paged_kv_cache"},    {&k_cache_sf, "kv_cache_sf"},      {&kv_indices, "kv_indices"},
-      {&kv_indptr, "kv_indptr"},       {&kv_last_page_len, "kv_last_page_len"}};
-  for (const auto& [tensor, name] : others) {
-    if (!same_device(*tensor, append_key)) {
-      fail(kOp, name, " must be on the same device as append_key (", device_string(append_key), "), got ",
-           device_string(*tensor));
-    }
-  }
-  if (v_cache && !same_device(*v_cache, append_key)) {
-    fail(kOp, "paged_kv_cache[1] must be on the same device as append_key (", device_string(append_key),
-         "), got ", device_string(*v_cache));
-  }
-  if (v_cache_sf && !same_device(*v_cache_sf, append_key)) {
-    fail(kOp, "kv_cache_sf[1] must be on the same device as append_key (", device_string(append_key),
-         "), got ", device_string(*v_cache_sf));
-  }
-
-  // Index tensors: 1-D int32/int64, used as given.
-  AppendParams p{};
-  p.batch_indices = check_index(batch_indices, "batch_indices");
-  p.positions = check_index(positions, "positions");
-  p.kv_indices = check_index(kv_indices, "kv_indices");
-  p.kv_indptr = check_index(kv_indptr, "kv_indptr");
-  check_index(kv_last_page_len, "kv_last_page_len");
-  if (batch_indices.size(0) != nnz) {
-    fail(kOp, "batch_indices must have nnz = ", nnz, " entries (append_key.shape[0]), got ", batch_indices.size(0));
-  }
-  if (positions.size(0) != nnz) {
-    fail(kOp, "positions must have nnz = ", nnz, " entries (append_key.shape[0]), got ", positions.size(0));
-  }
-  const int64_t batch_size = kv_last_page_len.size(0);
-  if (kv_indptr.size(0) != batch_size + 1) {
-    fail(kOp, "kv_indptr must have batch_size + 1 = ", batch_size + 1,
-         " entries (batch_size = kv_last_page_len.shape[0]), got ", kv_indptr.size(0));
-  }
-
-  // Caches: tuple (K, V) or one stacked 5-D tensor; data uint8 [.., head_dim/2], scales e4m3 [.., head_dim/16].
-  const auto data = split_cache(k_cache, v_cache, "paged_kv_cache", ScalarType::Byte);
-  const auto scales = split_cache(k_cache_sf, v_cache_sf, "kv_cache_sf", ScalarType::Float8_e4m3fn);
-  p.k_data = check_cache(data[0], ScalarType::Byte, nhd, num_heads, head_dim / 2, nullptr);
-  const CacheTensor& reference = data[0];
-  p.v_data = check_cache(data[1], ScalarType::Byte, nhd, num_heads, head_dim / 2, &reference);
-  p.k_scales = check_cache(scales[0], ScalarType::Float8_e4m3fn, nhd, num_heads, head_dim / 16, &reference);
-  p.v_scales = check_cache(scales[1], ScalarType::Float8_e4m3fn, nhd, num_heads, head_dim / 16, &reference);
-
-  p.k_scale = checked_global_scale(kOp, "k_scale", k_scale);
-  p.v_scale = checked_global_scale(kOp, "v_scale", v_scale);
-
+  check_rows(op, append_value, "append_value");
   p.key = RowsView{static_cast<const uint16_t*>(append_key.data_ptr()), append_key.stride(0), append_key.stride(1)};
   p.value = RowsView{static_cast<const uint16_t*>(append_value.data_ptr()), append_value.stride(0),
                      append_value.stride(1)};
@@ -206,9 +146,113 @@ AppendParams check_append_arguments(const Tensor& append_key, const Tensor& appe
   p.nnz = nnz;
   p.num_heads = num_heads;
   p.head_dim = head_dim;
+}
+
+// Every named tensor on append_key's device.
+void check_devices(const char* op, const Tensor& append_key,
+                   const std::vector<std::pair<const Tensor*, const char*>>& tensors) {
+  for (const auto& [tensor, name] : tensors) {
+    if (tensor != nullptr && !same_device(*tensor, append_key)) {
+      fail(op, name, " must be on the same device as append_key (", device_string(append_key), "), got ",
+           device_string(*tensor));
+    }
+  }
+}
+
+// Caches: tuple (K, V) or one stacked 5-D tensor; data uint8 [.., head_dim/2], scales e4m3 [.., head_dim/16].
+void check_caches(const char* op, const CacheArguments& caches, bool nhd, AppendParams& p) {
+  const auto data = split_cache(op, caches.k_cache, caches.v_cache, "paged_kv_cache", ScalarType::Byte);
+  const auto scales = split_cache(op, caches.k_cache_sf, caches.v_cache_sf, "kv_cache_sf", ScalarType::Float8_e4m3fn);
+  p.k_data = check_cache(op, data[0], ScalarType::Byte, nhd, p.num_heads, p.head_dim / 2, nullptr);
+  const CacheTensor& reference = data[0];
+  p.v_data = check_cache(op, data[1], ScalarType::Byte, nhd, p.num_heads, p.head_dim / 2, &reference);
+  p.k_scales = check_cache(op, scales[0], ScalarType::Float8_e4m3fn, nhd, p.num_heads, p.head_dim / 16, &reference);
+  p.v_scales = check_cache(op, scales[1], ScalarType::Float8_e4m3fn, nhd, p.num_heads, p.head_dim / 16, &reference);
   p.page_size = reference.sizes[nhd ? 1 : 2];
   p.num_pages = reference.sizes[0];
-  p.batch_size = batch_size;
+}
+
+// A float scale is validated here; a [1] float32 tensor on the inputs' device is read by the kernel.
+const float* check_scale(const char* op, const char* name, double scale, const std::optional<Tensor>& tensor,
+                         const Tensor& append_key, float& value) {
+  value = 1.0f;
+  if (!tensor) {
+    value = checked_global_scale(op, name, scale);
+    return nullptr;
+  }
+  if (tensor->scalar_type() != ScalarType::Float || tensor->numel() != 1 || !same_device(*tensor, append_key)) {
+    fail(op, name, " as a tensor must be a one-element float32 tensor on append_key's device (",
+         device_string(append_key), "), got dtype ", dtype_name(tensor->scalar_type()), ", shape ",
+         shape_string(*tensor), ", device ", device_string(*tensor));
+  }
+  return static_cast<const float*>(tensor->data_ptr());
+}
+
+void check_scales(const char* op, const ScaleArguments& scales, const Tensor& append_key, AppendParams& p) {
+  p.k_scale_device = check_scale(op, "k_scale", scales.k_scale, scales.k_scale_tensor, append_key, p.k_scale);
+  p.v_scale_device = check_scale(op, "v_scale", scales.v_scale, scales.v_scale_tensor, append_key, p.v_scale);
+}
+
+}  // namespace
+
+AppendParams check_append_arguments(const Tensor& append_key, const Tensor& append_value,
+                                    const Tensor& batch_indices, const Tensor& positions,
+                                    const CacheArguments& caches, const Tensor& kv_indices, const Tensor& kv_indptr,
+                                    const Tensor& kv_last_page_len, const ScaleArguments& scales,
+                                    const std::string& kv_layout) {
+  const char* op = "append_paged_kv_cache";
+  const bool nhd = check_layout(op, kv_layout);
+  AppendParams p{};
+  check_rows_pair(op, append_key, append_value, p);
+  check_devices(op, append_key,
+                {{&append_value, "append_value"}, {&batch_indices, "batch_indices"}, {&positions, "positions"},
+                 {&caches.k_cache, "paged_kv_cache"}, {&caches.k_cache_sf, "kv_cache_sf"},
+                 {&kv_indices, "kv_indices"}, {&kv_indptr, "kv_indptr"}, {&kv_last_page_len, "kv_last_page_len"},
+                 {caches.v_cache ? &*caches.v_cache : nullptr, "paged_kv_cache[1]"},
+                 {caches.v_cache_sf ? &*caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
+
+  // Index tensors: 1-D int32/int64, used as given.
+  p.batch_indices = check_index(op, batch_indices, "batch_indices");
+  p.positions = check_index(op, positions, "positions");
+  p.kv_indices = check_index(op, kv_indices, "kv_indices");
+  p.kv_indptr = check_index(op, kv_indptr, "kv_indptr");
+  check_index(op, kv_last_page_len, "kv_last_page_len");
+  if (batch_indices.size(0) != p.nnz) {
+    fail(op, "batch_indices must have nnz = ", p.nnz, " entries (append_key.shape[0]), got ", batch_indices.size(0));
+  }
+  if (positions.size(0) != p.nnz) {
+    fail(op, "positions must have nnz = ", p.nnz, " entries (append_key.shape[0]), got ", positions.size(0));
+  }
+  p.batch_size = kv_last_page_len.size(0);
+  if (kv_indptr.size(0) != p.batch_size + 1) {
+    fail(op, "kv_indptr must have batch_size + 1 = ", p.batch_size + 1,
+         " entries (batch_size = kv_last_page_len.shape[0]), got ", kv_indptr.size(0));
+  }
+
+  check_caches(op, caches, nhd, p);
+  check_scales(op, scales, append_key, p);
+  return p;
+}
+
+AppendParams check_append_with_slot_mapping_arguments(const Tensor& append_key, const Tensor& append_value,
+                                                      const Tensor& slot_mapping, const CacheArguments& caches,
+                                                      const ScaleArguments& scales, const std::string& kv_layout) {
+  const char* op = "append_paged_kv_cache_with_slot_mapping";
+  const bool nhd = check_layout(op, kv_layout);
+  AppendParams p{};
+  check_rows_pair(op, append_key, append_value, p);
+  check_devices(op, append_key,
+                {{&append_value, "append_value"}, {&slot_mapping, "slot_mapping"},
+                 {&caches.k_cache, "paged_kv_cache"}, {&caches.k_cache_sf, "kv_cache_sf"},
+                 {caches.v_cache ? &*caches.v_cache : nullptr, "paged_kv_cache[1]"},
+                 {caches.v_cache_sf ? &*caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
+  p.slot_mapping = check_index(op, slot_mapping, "slot_mapping");
+  if (slot_mapping.size(0) > p.nnz) {
+    fail(op, "slot_mapping must have at most append_key.shape[0] = ", p.nnz, " entries, got ", slot_mapping.size(0));
+  }
+  p.nnz = slot_mapping.size(0);  // only the first slot_mapping.shape[0] rows are appended
+  check_caches(op, caches, nhd, p);
+  check_scales(op, scales, append_key, p);
   return p;
 }
 

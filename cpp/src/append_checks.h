@@ -9,15 +9,33 @@
 
 namespace nvfp4kv {
 
-// Checks every precondition that needs no device data (SPEC section 3) and resolves the cache
-// geometry. `v_cache` / `v_cache_sf` are empty when `k_cache` / `k_cache_sf` is the stacked 5-D
-// tensor with K/V on dim 1. Throws before anything is written.
+// The cache arguments as the op receives them: tuple caches are four 4-D tensors; a stacked cache
+// is the 5-D k_cache / k_cache_sf with K/V on dim 1 and v_cache / v_cache_sf empty.
+struct CacheArguments {
+  const Tensor& k_cache;
+  const std::optional<Tensor>& v_cache;
+  const Tensor& k_cache_sf;
+  const std::optional<Tensor>& v_cache_sf;
+};
+
+// Global decode scales: floats, or [1] float32 tensors on the inputs' device (then the floats are unused).
+struct ScaleArguments {
+  double k_scale;
+  double v_scale;
+  const std::optional<Tensor>& k_scale_tensor;
+  const std::optional<Tensor>& v_scale_tensor;
+};
+
+// Check every precondition that needs no device data (SPEC section 3) and resolve the geometry the
+// kernels use. They throw before anything is written.
 AppendParams check_append_arguments(const Tensor& append_key, const Tensor& append_value,
                                     const Tensor& batch_indices, const Tensor& positions,
-                                    const Tensor& k_cache, const std::optional<Tensor>& v_cache,
-                                    const Tensor& k_cache_sf, const std::optional<Tensor>& v_cache_sf,
-                                    const Tensor& kv_indices, const Tensor& kv_indptr,
-                                    const Tensor& kv_last_page_len, double k_scale, double v_scale,
+                                    const CacheArguments& caches, const Tensor& kv_indices, const Tensor& kv_indptr,
+                                    const Tensor& kv_last_page_len, const ScaleArguments& scales,
                                     const std::string& kv_layout);
+
+AppendParams check_append_with_slot_mapping_arguments(const Tensor& append_key, const Tensor& append_value,
+                                                      const Tensor& slot_mapping, const CacheArguments& caches,
+                                                      const ScaleArguments& scales, const std::string& kv_layout);
 
 }  // namespace nvfp4kv

@@ -61,9 +61,25 @@ struct AppendParams {
   int64_t page_size;
   int64_t num_pages;       // max_num_pages of the cache
   int64_t batch_size;
-  float k_scale;           // global decode scales, validated positive and finite on the host
+  float k_scale;           // global decode scales given as floats, validated on the host
   float v_scale;
+  const float* k_scale_device;  // or [1] float32 tensors read by the kernel (null when a float was given)
+  const float* v_scale_device;
+  // Slot-mapping variant (null data for the page-table variant): slot_mapping[row] = page * page_size
+  // + entry; negative slots are padding. The page-table fields above are unused then.
+  IndexView slot_mapping;  // [nnz]
 };
+
+// The global scale of K (value = false) or V (value = true). A scale read from a device tensor is
+// not validated on the host: when it is not positive and finite the kernels skip those rows.
+NVFP4KV_HOST_DEVICE float global_scale(const AppendParams& p, bool value) {
+  const float* device = value ? p.v_scale_device : p.k_scale_device;
+  return device ? *device : (value ? p.v_scale : p.k_scale);
+}
+
+NVFP4KV_HOST_DEVICE bool usable_global_scale(float s) {
+  return s > 0.0f && s <= 3.4028234663852886e38f;  // positive and finite (NaN fails both)
+}
 
 // Where row `row` lands, or false when it must be skipped (nothing written).
 // Bounds contract (index values are device data; none of them may cause an out-of-bounds access):
@@ -73,8 +89,18 @@ struct AppendParams {
 //   decreasing kv_indptr skips the request) and in [0, kv_indices.size);
 //   page = kv_indices[s] must lie in [0, num_pages).
 // The comparisons are arranged so that no intermediate overflows, whatever values the tensors hold.
+//
+// Slot-mapping variant: slot = slot_mapping[row]; rows with slot < 0 (padding) or
+// slot >= num_pages * page_size are skipped; page = slot / page_size, entry = slot % page_size.
 NVFP4KV_HOST_DEVICE bool resolve_row_target(const AppendParams& p, int64_t row, int64_t& page,
                                             int64_t& entry) {
+  if (p.slot_mapping.data != nullptr) {
+    const int64_t slot = p.slot_mapping[row];
+    if (slot < 0 || slot / p.page_size >= p.num_pages) return false;
+    page = slot / p.page_size;
+    entry = slot - page * p.page_size;
+    return true;
+  }
   const int64_t b = p.batch_indices[row];
   if (b < 0 || b >= p.batch_size) return false;
   const int64_t position = p.positions[row];

@@ -7,11 +7,22 @@ STABLE_TORCH_LIBRARY(nvfp4kv, m) {
   // Tuple caches: k_cache/v_cache and k_cache_sf/v_cache_sf are the four 4-D tensors.
   // Stacked caches: k_cache and k_cache_sf are the 5-D tensors (K/V on dim 1) and v_cache /
   // v_cache_sf are None, so a stacked cache reaches the op, and torch.compile, as ONE mutable tensor.
+  // k_scale / v_scale are the global decode scales as floats; when k_scale_tensor / v_scale_tensor
+  // ([1] float32 on the inputs' device) are given they are read on the device instead (capturable).
   m.def(
       "append_paged_kv_cache(Tensor append_key, Tensor append_value, Tensor batch_indices, "
       "Tensor positions, Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor(c!) k_cache_sf, "
       "Tensor(d!)? v_cache_sf, Tensor kv_indices, Tensor kv_indptr, Tensor kv_last_page_len, "
-      "float k_scale, float v_scale, str kv_layout) -> ()");
+      "float k_scale, float v_scale, str kv_layout, Tensor? k_scale_tensor=None, "
+      "Tensor? v_scale_tensor=None) -> ()");
+  // The same quantize-and-scatter addressed by flat slots (vLLM style): slot_mapping[i] =
+  // page * page_size + entry; negative slots are padding; only the first slot_mapping.shape[0] rows
+  // of append_key / append_value are used.
+  m.def(
+      "append_paged_kv_cache_with_slot_mapping(Tensor append_key, Tensor append_value, "
+      "Tensor slot_mapping, Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor(c!) k_cache_sf, "
+      "Tensor(d!)? v_cache_sf, float k_scale, float v_scale, str kv_layout, "
+      "Tensor? k_scale_tensor=None, Tensor? v_scale_tensor=None) -> ()");
   // packed uint8 [..., D/2] + float8_e4m3fn scales [..., D/16] -> float32 [..., D].
   m.def("dequantize(Tensor packed, Tensor scales, float global_scale) -> Tensor");
 }

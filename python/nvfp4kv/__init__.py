@@ -9,18 +9,29 @@ from . import library as _library
 _library.load()
 
 from . import fake as _fake  # noqa: E402,F401  (registers the fake implementations)
+from .calibration import global_scale_from_amax  # noqa: E402
+from .debug_checks import set_debug_checks  # noqa: E402
 from .fp4_quantization import dequantize  # noqa: E402
 from .page import (  # noqa: E402
+    dequantize_paged_kv_cache,
     get_batch_indices_positions,
     get_seq_lens,
     nvfp4_quantize_append_paged_kv_cache,
+    nvfp4_quantize_append_paged_kv_cache_with_slot_mapping,
 )
 
 __version__ = "0.1.0"
 
+# CMAKE_PREFIX_PATH entry for find_package(nvfp4kv) in C++ projects (README, "C++ usage").
+cmake_prefix_path = _library.cmake_prefix_path()
+
 __all__ = [
     "dequantize",
+    "dequantize_paged_kv_cache",
     "get_batch_indices_positions",
     "get_seq_lens",
+    "global_scale_from_amax",
     "nvfp4_quantize_append_paged_kv_cache",
+    "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping",
+    "set_debug_checks",
 ]

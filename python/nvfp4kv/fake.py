@@ -102,15 +102,13 @@ def _check_cache(check: _Checker, cache: _Cache4, dtype: torch.dtype, nhd: bool,
         check.fail(f"{name} must have page_size >= 1, got shape {_shape(sizes)}")
 
 
-def check_append_arguments(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
-                           v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
-                           kv_layout) -> None:
-    """The metadata checks of append_paged_kv_cache, in the C++ order, with the C++ messages."""
-    check = _Checker("append_paged_kv_cache")
+def _check_layout(check: _Checker, kv_layout) -> bool:
     if kv_layout not in ("NHD", "HND"):
         check.fail(f'kv_layout must be "NHD" or "HND", got "{kv_layout}"')
-    nhd = kv_layout == "NHD"
+    return kv_layout == "NHD"
 
+
+def _check_rows_pair(check: _Checker, append_key, append_value) -> Tuple[int, int, int]:
     if append_key.dim() != 3:
         check.fail(f"append_key must be a 3-D tensor [nnz, num_kv_heads, head_dim], got shape "
                    f"{_shape(append_key.shape)}")
@@ -131,16 +129,47 @@ def check_append_arguments(append_key, append_value, batch_indices, positions, k
     if append_value.stride(2) != 1:
         check.fail(f"append_value must be contiguous in its last dim (stride 1), got stride "
                    f"{append_value.stride(2)}")
+    return nnz, num_heads, head_dim
 
-    others = [(append_value, "append_value"), (batch_indices, "batch_indices"), (positions, "positions"),
-              (k_cache, "paged_kv_cache"), (k_cache_sf, "kv_cache_sf"), (kv_indices, "kv_indices"),
-              (kv_indptr, "kv_indptr"), (kv_last_page_len, "kv_last_page_len"),
-              (v_cache, "paged_kv_cache[1]"), (v_cache_sf, "kv_cache_sf[1]")]
-    for tensor, name in others:
+
+def _check_devices(check: _Checker, append_key, named) -> None:
+    for tensor, name in named:
         if tensor is not None and tensor.device != append_key.device:
             check.fail(f"{name} must be on the same device as append_key ({_device(append_key)}), got "
                        f"{_device(tensor)}")
 
+
+def _check_caches(check: _Checker, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim) -> None:
+    data = _split_cache(check, k_cache, v_cache, "paged_kv_cache", torch.uint8)
+    scales = _split_cache(check, k_cache_sf, v_cache_sf, "kv_cache_sf", torch.float8_e4m3fn)
+    _check_cache(check, data[0], torch.uint8, nhd, num_heads, head_dim // 2, None)
+    _check_cache(check, data[1], torch.uint8, nhd, num_heads, head_dim // 2, data[0])
+    _check_cache(check, scales[0], torch.float8_e4m3fn, nhd, num_heads, head_dim // 16, data[0])
+    _check_cache(check, scales[1], torch.float8_e4m3fn, nhd, num_heads, head_dim // 16, data[0])
+
+
+def _check_scales(check: _Checker, append_key, k_scale, v_scale, k_scale_tensor, v_scale_tensor) -> None:
+    for name, value, tensor in (("k_scale", k_scale, k_scale_tensor), ("v_scale", v_scale, v_scale_tensor)):
+        if tensor is None:
+            _global_scale(check, name, value)
+        elif tensor.dtype != torch.float32 or tensor.numel() != 1 or tensor.device != append_key.device:
+            check.fail(f"{name} as a tensor must be a one-element float32 tensor on append_key's device "
+                       f"({_device(append_key)}), got dtype {_dtype(tensor.dtype)}, shape {_shape(tensor.shape)}, "
+                       f"device {_device(tensor)}")
+
+
+def check_append_arguments(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
+                           v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
+                           kv_layout, k_scale_tensor=None, v_scale_tensor=None) -> None:
+    """The metadata checks of append_paged_kv_cache, in the C++ order, with the C++ messages."""
+    check = _Checker("append_paged_kv_cache")
+    nhd = _check_layout(check, kv_layout)
+    nnz, num_heads, head_dim = _check_rows_pair(check, append_key, append_value)
+    _check_devices(check, append_key, [
+        (append_value, "append_value"), (batch_indices, "batch_indices"), (positions, "positions"),
+        (k_cache, "paged_kv_cache"), (k_cache_sf, "kv_cache_sf"), (kv_indices, "kv_indices"),
+        (kv_indptr, "kv_indptr"), (kv_last_page_len, "kv_last_page_len"), (v_cache, "paged_kv_cache[1]"),
+        (v_cache_sf, "kv_cache_sf[1]")])
     for tensor, name in ((batch_indices, "batch_indices"), (positions, "positions"), (kv_indices, "kv_indices"),
                          (kv_indptr, "kv_indptr"), (kv_last_page_len, "kv_last_page_len")):
         _check_index(check, tensor, name)
@@ -151,16 +180,26 @@ def check_append_arguments(append_key, append_value, batch_indices, positions, k
     if kv_indptr.shape[0] != batch_size + 1:
         check.fail(f"kv_indptr must have batch_size + 1 = {batch_size + 1} entries (batch_size = "
                    f"kv_last_page_len.shape[0]), got {kv_indptr.shape[0]}")
+    _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim)
+    _check_scales(check, append_key, k_scale, v_scale, k_scale_tensor, v_scale_tensor)
 
-    data = _split_cache(check, k_cache, v_cache, "paged_kv_cache", torch.uint8)
-    scales = _split_cache(check, k_cache_sf, v_cache_sf, "kv_cache_sf", torch.float8_e4m3fn)
-    _check_cache(check, data[0], torch.uint8, nhd, num_heads, head_dim // 2, None)
-    _check_cache(check, data[1], torch.uint8, nhd, num_heads, head_dim // 2, data[0])
-    _check_cache(check, scales[0], torch.float8_e4m3fn, nhd, num_heads, head_dim // 16, data[0])
-    _check_cache(check, scales[1], torch.float8_e4m3fn, nhd, num_heads, head_dim // 16, data[0])
 
-    _global_scale(check, "k_scale", k_scale)
-    _global_scale(check, "v_scale", v_scale)
+def check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf,
+                                             v_cache_sf, k_scale, v_scale, kv_layout, k_scale_tensor=None,
+                                             v_scale_tensor=None) -> None:
+    """The metadata checks of append_paged_kv_cache_with_slot_mapping, as in C++."""
+    check = _Checker("append_paged_kv_cache_with_slot_mapping")
+    nhd = _check_layout(check, kv_layout)
+    nnz, num_heads, head_dim = _check_rows_pair(check, append_key, append_value)
+    _check_devices(check, append_key, [
+        (append_value, "append_value"), (slot_mapping, "slot_mapping"), (k_cache, "paged_kv_cache"),
+        (k_cache_sf, "kv_cache_sf"), (v_cache, "paged_kv_cache[1]"), (v_cache_sf, "kv_cache_sf[1]")])
+    _check_index(check, slot_mapping, "slot_mapping")
+    if slot_mapping.shape[0] > nnz:
+        check.fail(f"slot_mapping must have at most append_key.shape[0] = {nnz} entries, got "
+                   f"{slot_mapping.shape[0]}")
+    _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim)
+    _check_scales(check, append_key, k_scale, v_scale, k_scale_tensor, v_scale_tensor)
 
 
 def check_dequantize_arguments(packed: torch.Tensor, scales: torch.Tensor, global_scale: float) -> None:
@@ -183,11 +222,13 @@ def check_dequantize_arguments(packed: torch.Tensor, scales: torch.Tensor, globa
 
 
 @torch.library.register_fake("nvfp4kv::append_paged_kv_cache")
-def _append_paged_kv_cache_fake(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
-                                v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
-                                kv_layout) -> None:
-    check_append_arguments(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
-                           v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout)
+def _append_paged_kv_cache_fake(*args) -> None:
+    check_append_arguments(*args)
+
+
+@torch.library.register_fake("nvfp4kv::append_paged_kv_cache_with_slot_mapping")
+def _append_paged_kv_cache_with_slot_mapping_fake(*args) -> None:
+    check_append_with_slot_mapping_arguments(*args)
 
 
 @torch.library.register_fake("nvfp4kv::dequantize")

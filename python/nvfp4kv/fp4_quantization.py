@@ -11,3 +11,39 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: float) 
     packed: uint8 [..., D/2] (low nibble = even element); scales: float8_e4m3fn [..., D/16].
     """
     return torch.ops.nvfp4kv.dequantize(packed, scales, global_scale)
+
+
+def e2m1_and_ufp8sf_scale_to_float(
+    e2m1_tensor: torch.Tensor,
+    ufp8_scale_tensor: torch.Tensor,
+    global_scale_tensor: torch.Tensor,
+    sf_vec_size: int = 16,
+    ufp8_type: int = 1,
+    is_sf_swizzled_layout: bool = True,
+) -> torch.Tensor:
+    """FlashInfer-compatible dequantization for the LINEAR scale layout.
+
+    e2m1_tensor: uint8 [M, K/2]; ufp8_scale_tensor: E4M3 scales (uint8 or float8_e4m3fn), [M, K/16] or
+    flat; global_scale_tensor: [1] float32 decode scale. Returns float32 [M, K] on the input's device:
+    e2m1 * block_scale * global_scale. Pass is_sf_swizzled_layout=False: nvfp4kv caches hold linear scales.
+    """
+    name = "nvfp4kv.fp4_quantization.e2m1_and_ufp8sf_scale_to_float"
+    if is_sf_swizzled_layout:
+        raise NotImplementedError(f"{name}: only the linear scale layout (is_sf_swizzled_layout=False) is "
+                                  "supported; nvfp4kv caches store linear scales")
+    if sf_vec_size != 16:
+        raise NotImplementedError(f"{name}: sf_vec_size must be 16 (NVFP4), got {sf_vec_size}")
+    if ufp8_type != 1:
+        raise NotImplementedError(f"{name}: ufp8_type must be 1 (E4M3 scales), got {ufp8_type}")
+    if e2m1_tensor.dim() != 2:
+        raise ValueError(f"{name}: e2m1_tensor must be 2-D [M, K/2], got shape {list(e2m1_tensor.shape)}")
+    rows, half_k = e2m1_tensor.shape
+    if ufp8_scale_tensor.numel() != rows * half_k // 8:
+        raise ValueError(f"{name}: ufp8_scale_tensor must hold M * K/16 = {rows * half_k // 8} scales, got "
+                         f"{ufp8_scale_tensor.numel()}")
+    scales = ufp8_scale_tensor.reshape(rows, half_k // 8)
+    if scales.dtype == torch.uint8:
+        scales = scales.view(torch.float8_e4m3fn)
+    global_scale = global_scale_tensor.reshape(-1)[:1].to(device=e2m1_tensor.device, dtype=torch.float32)
+    # (e2m1 * sf) * 1.0 is exact; the multiply by the global scale then rounds like the op's recipe.
+    return dequantize(e2m1_tensor, scales, 1.0) * global_scale

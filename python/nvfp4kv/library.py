@@ -10,6 +10,12 @@ import torch
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
+def cmake_prefix_path() -> str:
+    """Prefix of the installed CMake package (lib/cmake/nvfp4kv/nvfp4kvConfig.cmake under it), for
+    find_package(nvfp4kv): the package folder, which also holds lib/ and include/."""
+    return str(_PACKAGE_DIR)
+
+
 def library_path() -> Path:
     """Path of the installed shared library (override with NVFP4KV_LIBRARY for a build tree)."""
     override = os.environ.get("NVFP4KV_LIBRARY")

@@ -6,6 +6,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from . import debug_checks
+
 Cache = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -15,9 +17,18 @@ def _split_cache(cache: Cache, name: str) -> Tuple[torch.Tensor, Optional[torch.
         return cache, None
     if isinstance(cache, (tuple, list)) and len(cache) == 2:
         return cache[0], cache[1]
-    raise TypeError(f"nvfp4kv.append_paged_kv_cache: {name} must be a tensor or a (K, V) tuple of two "
+    raise TypeError(f"nvfp4kv: {name} must be a tensor or a (K, V) tuple of two "
                     f"tensors, got {type(cache).__name__}" +
                     (f" of length {len(cache)}" if isinstance(cache, (tuple, list)) else ""))
+
+
+Scale = Union[float, torch.Tensor]
+
+
+def _split_scale(scale: Scale) -> Tuple[float, Optional[torch.Tensor]]:
+    """A float scale goes to the op as a float (validated on the host); a [1] float32 tensor is read
+    on the device by the kernel (no synchronisation, so a captured graph sees later values)."""
+    return (1.0, scale) if isinstance(scale, torch.Tensor) else (scale, None)
 
 
 def nvfp4_quantize_append_paged_kv_cache(
@@ -30,8 +41,8 @@ def nvfp4_quantize_append_paged_kv_cache(
     kv_indices: torch.Tensor,
     kv_indptr: torch.Tensor,
     kv_last_page_len: torch.Tensor,
-    k_scale: float,
-    v_scale: float,
+    k_scale: Scale,
+    v_scale: Scale,
     kv_layout: str = "NHD",
 ) -> None:
     """Quantize and append K/V rows into an NVFP4 paged KV cache (in place).
@@ -40,15 +51,48 @@ def nvfp4_quantize_append_paged_kv_cache(
     paged_kv_cache: (k_cache, v_cache) uint8 [max_num_pages, page_size, num_kv_heads, head_dim // 2]
         (NHD) or [max_num_pages, num_kv_heads, page_size, head_dim // 2] (HND), or one 5-D tensor with
         K/V on dim 1. kv_cache_sf: the same with float8_e4m3fn and head_dim // 16.
-    k_scale / v_scale: global decode scales (value = e2m1 * block_scale * global_scale).
+    k_scale / v_scale: global decode scales (value = e2m1 * block_scale * global_scale), as floats or
+        one-element float32 tensors on the inputs' device.
     Row i of request batch_indices[i] at logical position positions[i] goes to page
     kv_indices[kv_indptr[b] + p // page_size], entry p % page_size. See SPEC.md for the bit recipe.
     """
     k_cache, v_cache = _split_cache(paged_kv_cache, "paged_kv_cache")
     k_cache_sf, v_cache_sf = _split_cache(kv_cache_sf, "kv_cache_sf")
-    torch.ops.nvfp4kv.append_paged_kv_cache(
-        append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
-        kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout)
+    k_scale_value, k_scale_tensor = _split_scale(k_scale)
+    v_scale_value, v_scale_tensor = _split_scale(v_scale)
+    args = (append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
+            kv_indices, kv_indptr, kv_last_page_len, k_scale_value, v_scale_value, kv_layout, k_scale_tensor,
+            v_scale_tensor)
+    if debug_checks.enabled():
+        debug_checks.check_append(*args)
+    torch.ops.nvfp4kv.append_paged_kv_cache(*args)
+
+
+def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    paged_kv_cache: Cache,
+    kv_cache_sf: Cache,
+    k_scale: Scale,
+    v_scale: Scale,
+    kv_layout: str = "NHD",
+) -> None:
+    """The same append, addressed by flat slots as vLLM-style engines do.
+
+    slot_mapping: [n] int32/int64 with n <= append_key.shape[0]; row i goes to page
+    slot_mapping[i] // page_size, entry slot_mapping[i] % page_size. Negative slots are padding
+    (skipped), and so are slots at or beyond max_num_pages * page_size. Rows past n are ignored.
+    """
+    k_cache, v_cache = _split_cache(paged_kv_cache, "paged_kv_cache")
+    k_cache_sf, v_cache_sf = _split_cache(kv_cache_sf, "kv_cache_sf")
+    k_scale_value, k_scale_tensor = _split_scale(k_scale)
+    v_scale_value, v_scale_tensor = _split_scale(v_scale)
+    args = (append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf, v_cache_sf, k_scale_value,
+            v_scale_value, kv_layout, k_scale_tensor, v_scale_tensor)
+    if debug_checks.enabled():
+        debug_checks.check_append_with_slot_mapping(*args)
+    torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping(*args)
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -74,3 +118,47 @@ def get_batch_indices_positions(
     first_position = seq_lens.to(counts.dtype) - counts
     positions = first_position[batch_indices] + rows - append_indptr[:-1][batch_indices]
     return batch_indices.to(torch.int32), positions.to(torch.int32)
+
+
+def dequantize_paged_kv_cache(
+    paged_kv_cache: Cache,
+    kv_cache_sf: Cache,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    k_scale: Scale,
+    v_scale: Scale,
+    kv_layout: str = "NHD",
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Ragged K and V [total_tokens, num_kv_heads, head_dim] of all requests in order (request 0's
+    tokens first), dequantized from the paged NVFP4 cache: what a non-FP4 attention kernel or a
+    debugger needs. Reads the total token count to the host (one synchronisation)."""
+    k_cache, v_cache = _split_cache(paged_kv_cache, "paged_kv_cache")
+    k_sf, v_sf = _split_cache(kv_cache_sf, "kv_cache_sf")
+    if v_cache is None:
+        k_cache, v_cache = k_cache[:, 0], k_cache[:, 1]
+    if v_sf is None:
+        k_sf, v_sf = k_sf[:, 0], k_sf[:, 1]
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f'nvfp4kv.dequantize_paged_kv_cache: kv_layout must be "NHD" or "HND", got "{kv_layout}"')
+    page_size = k_cache.shape[1 if kv_layout == "NHD" else 2]
+    seq_lens = get_seq_lens(kv_indptr, kv_last_page_len, page_size)
+    append_indptr = torch.cat([seq_lens.new_zeros(1), torch.cumsum(seq_lens, 0)])
+    total = int(append_indptr[-1])
+    batch_indices, positions = get_batch_indices_positions(append_indptr, seq_lens, total)
+    slots = kv_indptr.long()[batch_indices.long()] + positions.long() // page_size
+    pages = kv_indices.long()[slots]
+    entries = positions.long() % page_size
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:  # -> [total, heads, width]
+        return cache[pages, entries] if kv_layout == "NHD" else cache[pages, :, entries]
+
+    def read(cache: torch.Tensor, sf: torch.Tensor, scale: Scale) -> torch.Tensor:
+        if isinstance(scale, torch.Tensor):
+            # (e2m1 * sf) * 1.0 is exact, so multiplying by the tensor afterwards rounds exactly as
+            # the op's (e2m1 * sf) * s does.
+            return (torch.ops.nvfp4kv.dequantize(gather(cache), gather(sf), 1.0) * scale).to(out_dtype)
+        return torch.ops.nvfp4kv.dequantize(gather(cache), gather(sf), scale).to(out_dtype)
+
+    return read(k_cache, k_sf, k_scale), read(v_cache, v_sf, v_scale)

@@ -240,3 +240,28 @@ def nvfp4_quantize_append_paged_kv_cache(
         # cache is written as uint8 because index_put_ does not support float8.
         _as_nhd(cache, kv_layout)[page, entry] = packed
         _as_nhd(sf_cache.view(torch.uint8), kv_layout)[page, entry] = scales.view(torch.uint8)
+
+
+def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+    append_key: Tensor,
+    append_value: Tensor,
+    slot_mapping: Tensor,
+    paged_kv_cache: KVCache,
+    kv_cache_sf: KVCache,
+    k_scale: float,
+    v_scale: float,
+    kv_layout: str = "NHD",
+) -> None:
+    """The slot-mapping variant, expressed through the page-table one: one request owning every page
+    in order (kv_indices = 0..P-1) makes position == slot, so page = slot // page_size and
+    entry = slot % page_size; negative slots and slots past the cache are skipped by its bounds rules.
+    Only the first slot_mapping.numel() rows are appended."""
+    k_cache = paged_kv_cache if isinstance(paged_kv_cache, Tensor) else paged_kv_cache[0]
+    num_pages = k_cache.shape[0]
+    device = slot_mapping.device
+    n = slot_mapping.numel()
+    nvfp4_quantize_append_paged_kv_cache(
+        append_key[:n], append_value[:n], torch.zeros(n, dtype=torch.int64, device=device), slot_mapping.long(),
+        paged_kv_cache, kv_cache_sf, torch.arange(num_pages, device=device),
+        torch.tensor([0, num_pages], device=device), torch.ones(1, dtype=torch.int64, device=device),
+        k_scale, v_scale, kv_layout)

@@ -25,27 +25,29 @@ void quantize_head_row(const uint16_t* src, bool is_bf16, int64_t head_dim, floa
 }
 
 void append_rows(const AppendParams& p, int64_t begin, int64_t end) {
+  const float k_scale = global_scale(p, false);
+  const float v_scale = global_scale(p, true);
+  const bool write_k = usable_global_scale(k_scale);  // a bad device scale leaves those rows untouched
+  const bool write_v = usable_global_scale(v_scale);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t row = item / p.num_heads;
     const int64_t head = item % p.num_heads;
     int64_t page, entry;
     if (!resolve_row_target(p, row, page, entry)) continue;
-    quantize_head_row(p.key.data + row * p.key.row_stride + head * p.key.head_stride, p.input_is_bf16,
-                      p.head_dim, p.k_scale, p.k_data.at(page, entry, head), p.k_scales.at(page, entry, head));
-    quantize_head_row(p.value.data + row * p.value.row_stride + head * p.value.head_stride, p.input_is_bf16,
-                      p.head_dim, p.v_scale, p.v_data.at(page, entry, head), p.v_scales.at(page, entry, head));
+    if (write_k) {
+      quantize_head_row(p.key.data + row * p.key.row_stride + head * p.key.head_stride, p.input_is_bf16, p.head_dim,
+                        k_scale, p.k_data.at(page, entry, head), p.k_scales.at(page, entry, head));
+    }
+    if (write_v) {
+      quantize_head_row(p.value.data + row * p.value.row_stride + head * p.value.head_stride, p.input_is_bf16,
+                        p.head_dim, v_scale, p.v_data.at(page, entry, head), p.v_scales.at(page, entry, head));
+    }
   }
 }
 
-void append_paged_kv_cache_cpu(Tensor append_key, Tensor append_value, Tensor batch_indices, Tensor positions,
-                               Tensor k_cache, std::optional<Tensor> v_cache, Tensor k_cache_sf,
-                               std::optional<Tensor> v_cache_sf, Tensor kv_indices, Tensor kv_indptr,
-                               Tensor kv_last_page_len, double k_scale, double v_scale, std::string kv_layout) {
-  const AppendParams p = check_append_arguments(append_key, append_value, batch_indices, positions, k_cache,
-                                                v_cache, k_cache_sf, v_cache_sf, kv_indices, kv_indptr,
-                                                kv_last_page_len, k_scale, v_scale, kv_layout);
+void append(const AppendParams& p) {
   const int64_t items = p.nnz * p.num_heads;
-  // About 64 KiB of input per task keeps small decode calls on the calling thread.
+  // About 32 KiB of input per task keeps small decode calls on the calling thread.
   const int64_t grain = std::max<int64_t>(1, 16384 / p.head_dim);
   if (items <= grain) {
     append_rows(p, 0, items);
@@ -54,10 +56,31 @@ void append_paged_kv_cache_cpu(Tensor append_key, Tensor append_value, Tensor ba
   }
 }
 
+void append_paged_kv_cache_cpu(Tensor append_key, Tensor append_value, Tensor batch_indices, Tensor positions,
+                               Tensor k_cache, std::optional<Tensor> v_cache, Tensor k_cache_sf,
+                               std::optional<Tensor> v_cache_sf, Tensor kv_indices, Tensor kv_indptr,
+                               Tensor kv_last_page_len, double k_scale, double v_scale, std::string kv_layout,
+                               std::optional<Tensor> k_scale_tensor, std::optional<Tensor> v_scale_tensor) {
+  append(check_append_arguments(append_key, append_value, batch_indices, positions,
+                                {k_cache, v_cache, k_cache_sf, v_cache_sf}, kv_indices, kv_indptr, kv_last_page_len,
+                                {k_scale, v_scale, k_scale_tensor, v_scale_tensor}, kv_layout));
+}
+
+void append_paged_kv_cache_with_slot_mapping_cpu(Tensor append_key, Tensor append_value, Tensor slot_mapping,
+                                                 Tensor k_cache, std::optional<Tensor> v_cache, Tensor k_cache_sf,
+                                                 std::optional<Tensor> v_cache_sf, double k_scale, double v_scale,
+                                                 std::string kv_layout, std::optional<Tensor> k_scale_tensor,
+                                                 std::optional<Tensor> v_scale_tensor) {
+  append(check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping,
+                                                  {k_cache, v_cache, k_cache_sf, v_cache_sf},
+                                                  {k_scale, v_scale, k_scale_tensor, v_scale_tensor}, kv_layout));
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(nvfp4kv, CPU, m) {
   m.impl("append_paged_kv_cache", TORCH_BOX(&append_paged_kv_cache_cpu));
+  m.impl("append_paged_kv_cache_with_slot_mapping", TORCH_BOX(&append_paged_kv_cache_with_slot_mapping_cpu));
 }
 
 }  // namespace nvfp4kv

@@ -1,0 +1,110 @@
+"""Debug mode: validate device data on the host before each append (off by default).
+
+Enable with nvfp4kv.set_debug_checks(True) or NVFP4KV_DEBUG=1. Each append then copies its index
+tensors and tensor scales to the host, checks every row, and raises ValueError naming the first bad
+row and why, before the kernel runs. That synchronises, so it refuses to run inside CUDA graph
+capture. Without debug mode, bad rows are skipped silently (the bounds contract in README.md).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from . import fake
+
+_enabled = os.environ.get("NVFP4KV_DEBUG", "0") not in ("", "0", "false", "False")
+
+
+def set_debug_checks(enabled: bool) -> None:
+    """Turns host-side validation of index data and tensor scales on or off for every append."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def _refuse_during_capture(op: str) -> None:
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"nvfp4kv.{op}: debug checks copy device data to the host and cannot run during CUDA "
+                           "graph capture; turn them off (nvfp4kv.set_debug_checks(False) or NVFP4KV_DEBUG=0) "
+                           "while capturing")
+
+
+def _fail(op: str, message: str) -> None:
+    raise ValueError(f"nvfp4kv.{op} (debug check): {message}")
+
+
+def _check_scale_tensors(op: str, k_scale_tensor: Optional[torch.Tensor], v_scale_tensor: Optional[torch.Tensor]):
+    for name, tensor, rows in (("k_scale", k_scale_tensor, "K"), ("v_scale", v_scale_tensor, "V")):
+        if tensor is None:
+            continue
+        value = float(tensor.reshape(-1)[0])
+        if not (value > 0.0 and value != float("inf")):
+            _fail(op, f"{name} tensor holds {value:g}, not a positive finite scale, so the {rows} rows would be "
+                      "skipped")
+
+
+def _page_geometry(k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], kv_layout: str):
+    """(max_num_pages, page_size) of a tuple half or a stacked cache."""
+    entry_dim = 1 if kv_layout == "NHD" else 2
+    if v_cache is None:
+        entry_dim += 1
+    return k_cache.shape[0], k_cache.shape[entry_dim]
+
+
+def check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
+                 kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout, k_scale_tensor=None,
+                 v_scale_tensor=None) -> None:
+    op = "append_paged_kv_cache"
+    fake.check_append_arguments(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
+                                v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout,
+                                k_scale_tensor, v_scale_tensor)
+    _refuse_during_capture(op)
+    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
+    num_pages, page_size = _page_geometry(k_cache, v_cache, kv_layout)
+    batch = batch_indices.cpu().tolist()
+    pos = positions.cpu().tolist()
+    indices = kv_indices.cpu().tolist()
+    indptr = kv_indptr.cpu().tolist()
+    last_len = kv_last_page_len.cpu().tolist()
+    batch_size = len(last_len)
+    for row, (b, p) in enumerate(zip(batch, pos)):
+        if not 0 <= b < batch_size:
+            _fail(op, f"row {row}: batch index {b} is outside [0, {batch_size})")
+        if p < 0:
+            _fail(op, f"row {row}: position {p} is negative")
+        first, last = indptr[b], indptr[b + 1]
+        if not 0 <= first <= last <= len(indices):
+            _fail(op, f"row {row}: request {b} has pages kv_indptr[{b}:{b + 2}] = [{first}, {last}], not a range "
+                      f"inside kv_indices (length {len(indices)})")
+        seq_len = max(last - first - 1, 0) * page_size + last_len[b]
+        if p >= seq_len:
+            _fail(op, f"row {row}: position {p} is beyond request {b}'s sequence length {seq_len} (from kv_indptr "
+                      "and kv_last_page_len)")
+        slot = first + p // page_size
+        if slot >= last:
+            _fail(op, f"row {row}: position {p} needs page slot {slot}, beyond request {b}'s pages [{first}, {last})")
+        page = indices[slot]
+        if not 0 <= page < num_pages:
+            _fail(op, f"row {row}: kv_indices[{slot}] = {page} is outside the cache's pages [0, {num_pages})")
+
+
+def check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf,
+                                   v_cache_sf, k_scale, v_scale, kv_layout, k_scale_tensor=None,
+                                   v_scale_tensor=None) -> None:
+    op = "append_paged_kv_cache_with_slot_mapping"
+    fake.check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping, k_cache, v_cache,
+                                                  k_cache_sf, v_cache_sf, k_scale, v_scale, kv_layout,
+                                                  k_scale_tensor, v_scale_tensor)
+    _refuse_during_capture(op)
+    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
+    num_pages, page_size = _page_geometry(k_cache, v_cache, kv_layout)
+    for row, slot in enumerate(slot_mapping.cpu().tolist()):
+        if slot >= num_pages * page_size:
+            _fail(op, f"row {row}: slot {slot} is beyond the cache (max_num_pages * page_size = "
+                      f"{num_pages * page_size}); negative slots are padding")
