@@ -106,14 +106,23 @@ CacheView check_cache(const char* op, const CacheTensor& t, ScalarType dtype, bo
   return CacheView{t.data, t.strides[0], t.strides[entry_dim], t.strides[head_dim]};
 }
 
-// Layout string, then append_key / append_value: [nnz, num_kv_heads, head_dim], fp16 or bf16.
-bool check_layout(const char* op, const std::string& kv_layout) {
-  if (kv_layout != "NHD" && kv_layout != "HND") {
-    fail(op, "kv_layout must be \"NHD\" or \"HND\", got \"", kv_layout, "\"");
+// The format strings, in argument order. Returns whether the layout is NHD.
+bool check_format(const char* op, const FormatArguments& format, AppendParams& p) {
+  if (format.kv_layout != "NHD" && format.kv_layout != "HND") {
+    fail(op, "kv_layout must be \"NHD\" or \"HND\", got \"", format.kv_layout, "\"");
   }
-  return kv_layout == "NHD";
+  if (format.v_sf_layout != "linear" && format.v_sf_layout != "trtllm") {
+    fail(op, "v_sf_layout must be \"linear\" or \"trtllm\", got \"", format.v_sf_layout, "\"");
+  }
+  if (format.scale_search != "none" && format.scale_search != "4over6") {
+    fail(op, "scale_search must be \"none\" or \"4over6\", got \"", format.scale_search, "\"");
+  }
+  p.v_scales_trtllm = format.v_sf_layout == "trtllm";
+  p.four_over_six = format.scale_search == "4over6";
+  return format.kv_layout == "NHD";
 }
 
+// append_key / append_value: [nnz, num_kv_heads, head_dim], fp16 or bf16.
 void check_rows_pair(const char* op, const Tensor& append_key, const Tensor& append_value, AppendParams& p) {
   if (append_key.dim() != 3) {
     fail(op, "append_key must be a 3-D tensor [nnz, num_kv_heads, head_dim], got shape ", shape_string(append_key));
@@ -159,6 +168,32 @@ void check_devices(const char* op, const Tensor& append_key,
   }
 }
 
+// What trtllm-gen attention kernels assume of a cache whose V scales are in the "trtllm" layout:
+// 4-token groups (page_size % 4 == 0), 4-block groups (head_dim % 64 == 0), V-scale strides equal to
+// the K-scale strides, whole (page, head) tiles contiguous in HND, 16-byte aligned page (and HND head)
+// strides.
+void check_trtllm_scales(const char* op, const std::array<CacheTensor, 2>& scales, bool nhd, const AppendParams& p) {
+  if (p.page_size % 4 != 0) fail(op, "v_sf_layout \"trtllm\" needs page_size % 4 == 0, got page_size ", p.page_size);
+  if (p.head_dim % 64 != 0) fail(op, "v_sf_layout \"trtllm\" needs head_dim % 64 == 0, got head_dim ", p.head_dim);
+  const CacheTensor& k = scales[0];
+  const CacheTensor& v = scales[1];
+  if (k.strides != v.strides) {
+    fail(op, v.name, " must have the same strides as the K scales for v_sf_layout \"trtllm\", got ",
+         sizes_string(v.strides), " and ", sizes_string(k.strides));
+  }
+  const int64_t blocks = p.head_dim / 16;
+  const int64_t entry_stride = v.strides[nhd ? 1 : 2];
+  const int64_t head_stride = v.strides[nhd ? 2 : 1];
+  if (!nhd && entry_stride != blocks) {
+    fail(op, v.name, " must have contiguous [page_size, head_dim/16] tiles (entry stride ", blocks,
+         ") for v_sf_layout \"trtllm\" and kv_layout HND, got entry stride ", entry_stride);
+  }
+  if (v.strides[0] % 16 != 0 || (!nhd && head_stride % 16 != 0)) {
+    fail(op, v.name, " must have page", nhd ? "" : " and head", " strides that are multiples of 16 bytes for ",
+         "v_sf_layout \"trtllm\", got strides ", sizes_string(v.strides));
+  }
+}
+
 // Caches: tuple (K, V) or one stacked 5-D tensor; data uint8 [.., head_dim/2], scales e4m3 [.., head_dim/16].
 void check_caches(const char* op, const CacheArguments& caches, bool nhd, AppendParams& p) {
   const auto data = split_cache(op, caches.k_cache, caches.v_cache, "paged_kv_cache", ScalarType::Byte);
@@ -170,6 +205,7 @@ void check_caches(const char* op, const CacheArguments& caches, bool nhd, Append
   p.v_scales = check_cache(op, scales[1], ScalarType::Float8_e4m3fn, nhd, p.num_heads, p.head_dim / 16, &reference);
   p.page_size = reference.sizes[nhd ? 1 : 2];
   p.num_pages = reference.sizes[0];
+  if (p.v_scales_trtllm) check_trtllm_scales(op, scales, nhd, p);
 }
 
 // A float scale is validated here; a [1] float32 tensor on the inputs' device is read by the kernel.
@@ -199,10 +235,10 @@ AppendParams check_append_arguments(const Tensor& append_key, const Tensor& appe
                                     const Tensor& batch_indices, const Tensor& positions,
                                     const CacheArguments& caches, const Tensor& kv_indices, const Tensor& kv_indptr,
                                     const Tensor& kv_last_page_len, const ScaleArguments& scales,
-                                    const std::string& kv_layout) {
+                                    const FormatArguments& format) {
   const char* op = "append_paged_kv_cache";
-  const bool nhd = check_layout(op, kv_layout);
   AppendParams p{};
+  const bool nhd = check_format(op, format, p);
   check_rows_pair(op, append_key, append_value, p);
   check_devices(op, append_key,
                 {{&append_value, "append_value"}, {&batch_indices, "batch_indices"}, {&positions, "positions"},
@@ -236,10 +272,10 @@ AppendParams check_append_arguments(const Tensor& append_key, const Tensor& appe
 
 AppendParams check_append_with_slot_mapping_arguments(const Tensor& append_key, const Tensor& append_value,
                                                       const Tensor& slot_mapping, const CacheArguments& caches,
-                                                      const ScaleArguments& scales, const std::string& kv_layout) {
+                                                      const ScaleArguments& scales, const FormatArguments& format) {
   const char* op = "append_paged_kv_cache_with_slot_mapping";
-  const bool nhd = check_layout(op, kv_layout);
   AppendParams p{};
+  const bool nhd = check_format(op, format, p);
   check_rows_pair(op, append_key, append_value, p);
   check_devices(op, append_key,
                 {{&append_value, "append_value"}, {&slot_mapping, "slot_mapping"},

@@ -26,16 +26,23 @@ struct ScaleArguments {
   const std::optional<Tensor>& v_scale_tensor;
 };
 
+// The format choices: kv_layout "NHD" | "HND", v_sf_layout "linear" | "trtllm", scale_search "none" | "4over6".
+struct FormatArguments {
+  const std::string& kv_layout;
+  const std::string& v_sf_layout;
+  const std::string& scale_search;
+};
+
 // Check every precondition that needs no device data (SPEC section 3) and resolve the geometry the
 // kernels use. They throw before anything is written.
 AppendParams check_append_arguments(const Tensor& append_key, const Tensor& append_value,
                                     const Tensor& batch_indices, const Tensor& positions,
                                     const CacheArguments& caches, const Tensor& kv_indices, const Tensor& kv_indptr,
                                     const Tensor& kv_last_page_len, const ScaleArguments& scales,
-                                    const std::string& kv_layout);
+                                    const FormatArguments& format);
 
 AppendParams check_append_with_slot_mapping_arguments(const Tensor& append_key, const Tensor& append_value,
                                                       const Tensor& slot_mapping, const CacheArguments& caches,
-                                                      const ScaleArguments& scales, const std::string& kv_layout);
+                                                      const ScaleArguments& scales, const FormatArguments& format);
 
 }  // namespace nvfp4kv

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "nvfp4kv/nvfp4_codec.h"
+#include "nvfp4kv/nvfp4_four_over_six.h"
 
 namespace nvfp4kv {
 
@@ -68,7 +69,29 @@ struct AppendParams {
   // Slot-mapping variant (null data for the page-table variant): slot_mapping[row] = page * page_size
   // + entry; negative slots are padding. The page-table fields above are unused then.
   IndexView slot_mapping;  // [nnz]
+  bool v_scales_trtllm;    // V scales in the 4-token interleaved "trtllm" layout (see scale_address)
+  bool four_over_six;      // 4-over-6 block-scale search (nvfp4_four_over_six.h)
 };
+
+// Quantizes one block with the call's recipe. Returns the scale byte, writes the 8 data bytes.
+NVFP4KV_HOST_DEVICE uint8_t quantize_block_with_recipe(const AppendParams& p, const float (&x)[codec::kBlockSize],
+                                                       float global_scale, uint64_t& packed) {
+  return p.four_over_six ? codec::quantize_block_four_over_six(x, global_scale, packed)
+                         : codec::quantize_block(x, global_scale, packed);
+}
+
+// Address of the scale byte of (page, entry, head, block j).
+// Linear: the row's S = head_dim / 16 scales at [.., entry, .., j].
+// "trtllm" (V only): each (page, head) tile of page_size x S scale bytes is a C-order [T/4][S][4]
+// array indexed [entry / 4][j][entry % 4]: flat tile offset 4 S (entry / 4) + 4 j + entry % 4 =
+// row * S + column, stored at (row, column) of the tile in the cache's own layout (NHD
+// [page, row, head, column], HND [page, head, row, column]). Needs page_size % 4 == 0, S % 4 == 0.
+NVFP4KV_HOST_DEVICE uint8_t* scale_address(const CacheView& scales, bool trtllm, int64_t page, int64_t entry,
+                                           int64_t head, int64_t block, int64_t blocks_per_row) {
+  if (!trtllm) return scales.at(page, entry, head) + block;
+  const int64_t u = 4 * block + (entry & 3);
+  return scales.at(page, (entry & ~int64_t(3)) + u / blocks_per_row, head) + u % blocks_per_row;
+}
 
 // The global scale of K (value = false) or V (value = true). A scale read from a device tensor is
 // not validated on the host: when it is not positive and finite the kernels skip those rows.

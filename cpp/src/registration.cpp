@@ -14,7 +14,9 @@ STABLE_TORCH_LIBRARY(nvfp4kv, m) {
       "Tensor positions, Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor(c!) k_cache_sf, "
       "Tensor(d!)? v_cache_sf, Tensor kv_indices, Tensor kv_indptr, Tensor kv_last_page_len, "
       "float k_scale, float v_scale, str kv_layout, Tensor? k_scale_tensor=None, "
-      "Tensor? v_scale_tensor=None) -> ()");
+      "Tensor? v_scale_tensor=None, str v_sf_layout=\"linear\", str scale_search=\"none\") -> ()");
+  // v_sf_layout: "linear" (SPEC) or "trtllm" (V scales 4-token interleaved, for trtllm-gen kernels);
+  // scale_search: "none" (SPEC) or "4over6" (per-block choice between the 6- and 4-targeted scale).
   // The same quantize-and-scatter addressed by flat slots (vLLM style): slot_mapping[i] =
   // page * page_size + entry; negative slots are padding; only the first slot_mapping.shape[0] rows
   // of append_key / append_value are used.
@@ -22,7 +24,8 @@ STABLE_TORCH_LIBRARY(nvfp4kv, m) {
       "append_paged_kv_cache_with_slot_mapping(Tensor append_key, Tensor append_value, "
       "Tensor slot_mapping, Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor(c!) k_cache_sf, "
       "Tensor(d!)? v_cache_sf, float k_scale, float v_scale, str kv_layout, "
-      "Tensor? k_scale_tensor=None, Tensor? v_scale_tensor=None) -> ()");
+      "Tensor? k_scale_tensor=None, Tensor? v_scale_tensor=None, str v_sf_layout=\"linear\", "
+      "str scale_search=\"none\") -> ()");
   // packed uint8 [..., D/2] + float8_e4m3fn scales [..., D/16] -> float32 [..., D].
   m.def("dequantize(Tensor packed, Tensor scales, float global_scale) -> Tensor");
 }

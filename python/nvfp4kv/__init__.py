@@ -13,6 +13,7 @@ from .calibration import global_scale_from_amax  # noqa: E402
 from .debug_checks import set_debug_checks  # noqa: E402
 from .fp4_quantization import dequantize  # noqa: E402
 from .page import (  # noqa: E402
+    convert_v_scale_layout,
     dequantize_paged_kv_cache,
     get_batch_indices_positions,
     get_seq_lens,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 cmake_prefix_path = _library.cmake_prefix_path()
 
 __all__ = [
+    "convert_v_scale_layout",
     "dequantize",
     "dequantize_paged_kv_cache",
     "get_batch_indices_positions",

@@ -59,11 +59,11 @@ def _page_geometry(k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], kv_la
 
 def check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
                  kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout, k_scale_tensor=None,
-                 v_scale_tensor=None) -> None:
+                 v_scale_tensor=None, v_sf_layout="linear", scale_search="none") -> None:
     op = "append_paged_kv_cache"
     fake.check_append_arguments(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
                                 v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout,
-                                k_scale_tensor, v_scale_tensor)
+                                k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
     _refuse_during_capture(op)
     _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
     num_pages, page_size = _page_geometry(k_cache, v_cache, kv_layout)
@@ -96,11 +96,11 @@ def check_append(append_key, append_value, batch_indices, positions, k_cache, v_
 
 def check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf,
                                    v_cache_sf, k_scale, v_scale, kv_layout, k_scale_tensor=None,
-                                   v_scale_tensor=None) -> None:
+                                   v_scale_tensor=None, v_sf_layout="linear", scale_search="none") -> None:
     op = "append_paged_kv_cache_with_slot_mapping"
     fake.check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping, k_cache, v_cache,
                                                   k_cache_sf, v_cache_sf, k_scale, v_scale, kv_layout,
-                                                  k_scale_tensor, v_scale_tensor)
+                                                  k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
     _refuse_during_capture(op)
     _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
     num_pages, page_size = _page_geometry(k_cache, v_cache, kv_layout)

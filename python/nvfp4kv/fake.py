@@ -102,9 +102,13 @@ def _check_cache(check: _Checker, cache: _Cache4, dtype: torch.dtype, nhd: bool,
         check.fail(f"{name} must have page_size >= 1, got shape {_shape(sizes)}")
 
 
-def _check_layout(check: _Checker, kv_layout) -> bool:
+def _check_format(check: _Checker, kv_layout, v_sf_layout, scale_search) -> bool:
     if kv_layout not in ("NHD", "HND"):
         check.fail(f'kv_layout must be "NHD" or "HND", got "{kv_layout}"')
+    if v_sf_layout not in ("linear", "trtllm"):
+        check.fail(f'v_sf_layout must be "linear" or "trtllm", got "{v_sf_layout}"')
+    if scale_search not in ("none", "4over6"):
+        check.fail(f'scale_search must be "none" or "4over6", got "{scale_search}"')
     return kv_layout == "NHD"
 
 
@@ -139,13 +143,39 @@ def _check_devices(check: _Checker, append_key, named) -> None:
                        f"{_device(tensor)}")
 
 
-def _check_caches(check: _Checker, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim) -> None:
+def _check_caches(check: _Checker, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim,
+                  trtllm) -> None:
     data = _split_cache(check, k_cache, v_cache, "paged_kv_cache", torch.uint8)
     scales = _split_cache(check, k_cache_sf, v_cache_sf, "kv_cache_sf", torch.float8_e4m3fn)
     _check_cache(check, data[0], torch.uint8, nhd, num_heads, head_dim // 2, None)
     _check_cache(check, data[1], torch.uint8, nhd, num_heads, head_dim // 2, data[0])
     _check_cache(check, scales[0], torch.float8_e4m3fn, nhd, num_heads, head_dim // 16, data[0])
     _check_cache(check, scales[1], torch.float8_e4m3fn, nhd, num_heads, head_dim // 16, data[0])
+    if trtllm:
+        _check_trtllm_scales(check, k_cache_sf, v_cache_sf, scales[1][0], nhd, data[0][1][1 if nhd else 2], head_dim)
+
+
+def _check_trtllm_scales(check: _Checker, k_cache_sf, v_cache_sf, v_name, nhd, page_size, head_dim) -> None:
+    if page_size % 4 != 0:
+        check.fail(f'v_sf_layout "trtllm" needs page_size % 4 == 0, got page_size {page_size}')
+    if head_dim % 64 != 0:
+        check.fail(f'v_sf_layout "trtllm" needs head_dim % 64 == 0, got head_dim {head_dim}')
+    if v_cache_sf is None:  # halves of one stacked tensor: strides without dim 1
+        strides = [k_cache_sf.stride(d) for d in (0, 2, 3, 4)]
+        k_strides = strides
+    else:
+        strides, k_strides = list(v_cache_sf.stride()), list(k_cache_sf.stride())
+    if strides != k_strides:
+        check.fail(f'{v_name} must have the same strides as the K scales for v_sf_layout "trtllm", got '
+                   f"{_shape(strides)} and {_shape(k_strides)}")
+    blocks = head_dim // 16
+    entry_stride, head_stride = (strides[1], strides[2]) if nhd else (strides[2], strides[1])
+    if not nhd and entry_stride != blocks:
+        check.fail(f"{v_name} must have contiguous [page_size, head_dim/16] tiles (entry stride {blocks}) for "
+                   f'v_sf_layout "trtllm" and kv_layout HND, got entry stride {entry_stride}')
+    if strides[0] % 16 != 0 or (not nhd and head_stride % 16 != 0):
+        check.fail(f"{v_name} must have page{'' if nhd else ' and head'} strides that are multiples of 16 bytes "
+                   f'for v_sf_layout "trtllm", got strides {_shape(strides)}')
 
 
 def _check_scales(check: _Checker, append_key, k_scale, v_scale, k_scale_tensor, v_scale_tensor) -> None:
@@ -160,10 +190,11 @@ def _check_scales(check: _Checker, append_key, k_scale, v_scale, k_scale_tensor,
 
 def check_append_arguments(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
                            v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
-                           kv_layout, k_scale_tensor=None, v_scale_tensor=None) -> None:
+                           kv_layout, k_scale_tensor=None, v_scale_tensor=None, v_sf_layout="linear",
+                           scale_search="none") -> None:
     """The metadata checks of append_paged_kv_cache, in the C++ order, with the C++ messages."""
     check = _Checker("append_paged_kv_cache")
-    nhd = _check_layout(check, kv_layout)
+    nhd = _check_format(check, kv_layout, v_sf_layout, scale_search)
     nnz, num_heads, head_dim = _check_rows_pair(check, append_key, append_value)
     _check_devices(check, append_key, [
         (append_value, "append_value"), (batch_indices, "batch_indices"), (positions, "positions"),
@@ -180,16 +211,18 @@ def check_append_arguments(append_key, append_value, batch_indices, positions, k
     if kv_indptr.shape[0] != batch_size + 1:
         check.fail(f"kv_indptr must have batch_size + 1 = {batch_size + 1} entries (batch_size = "
                    f"kv_last_page_len.shape[0]), got {kv_indptr.shape[0]}")
-    _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim)
+    _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim,
+                  v_sf_layout == "trtllm")
     _check_scales(check, append_key, k_scale, v_scale, k_scale_tensor, v_scale_tensor)
 
 
 def check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf,
                                              v_cache_sf, k_scale, v_scale, kv_layout, k_scale_tensor=None,
-                                             v_scale_tensor=None) -> None:
+                                             v_scale_tensor=None, v_sf_layout="linear",
+                                             scale_search="none") -> None:
     """The metadata checks of append_paged_kv_cache_with_slot_mapping, as in C++."""
     check = _Checker("append_paged_kv_cache_with_slot_mapping")
-    nhd = _check_layout(check, kv_layout)
+    nhd = _check_format(check, kv_layout, v_sf_layout, scale_search)
     nnz, num_heads, head_dim = _check_rows_pair(check, append_key, append_value)
     _check_devices(check, append_key, [
         (append_value, "append_value"), (slot_mapping, "slot_mapping"), (k_cache, "paged_kv_cache"),
@@ -198,7 +231,8 @@ def check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapp
     if slot_mapping.shape[0] > nnz:
         check.fail(f"slot_mapping must have at most append_key.shape[0] = {nnz} entries, got "
                    f"{slot_mapping.shape[0]}")
-    _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim)
+    _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim,
+                  v_sf_layout == "trtllm")
     _check_scales(check, append_key, k_scale, v_scale, k_scale_tensor, v_scale_tensor)
 
 

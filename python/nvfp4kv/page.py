@@ -44,6 +44,9 @@ def nvfp4_quantize_append_paged_kv_cache(
     k_scale: Scale,
     v_scale: Scale,
     kv_layout: str = "NHD",
+    *,
+    v_sf_layout: str = "linear",
+    scale_search: str = "none",
 ) -> None:
     """Quantize and append K/V rows into an NVFP4 paged KV cache (in place).
 
@@ -55,6 +58,8 @@ def nvfp4_quantize_append_paged_kv_cache(
         one-element float32 tensors on the inputs' device.
     Row i of request batch_indices[i] at logical position positions[i] goes to page
     kv_indices[kv_indptr[b] + p // page_size], entry p % page_size. See SPEC.md for the bit recipe.
+    v_sf_layout: "linear" (FA2/XQA kernels) or "trtllm" (V scales 4-token interleaved, for trtllm-gen).
+    scale_search: "none" (SPEC) or "4over6" (per block, the 4-targeted scale when it has less error).
     """
     k_cache, v_cache = _split_cache(paged_kv_cache, "paged_kv_cache")
     k_cache_sf, v_cache_sf = _split_cache(kv_cache_sf, "kv_cache_sf")
@@ -62,7 +67,7 @@ def nvfp4_quantize_append_paged_kv_cache(
     v_scale_value, v_scale_tensor = _split_scale(v_scale)
     args = (append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
             kv_indices, kv_indptr, kv_last_page_len, k_scale_value, v_scale_value, kv_layout, k_scale_tensor,
-            v_scale_tensor)
+            v_scale_tensor, v_sf_layout, scale_search)
     if debug_checks.enabled():
         debug_checks.check_append(*args)
     torch.ops.nvfp4kv.append_paged_kv_cache(*args)
@@ -77,6 +82,9 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     k_scale: Scale,
     v_scale: Scale,
     kv_layout: str = "NHD",
+    *,
+    v_sf_layout: str = "linear",
+    scale_search: str = "none",
 ) -> None:
     """The same append, addressed by flat slots as vLLM-style engines do.
 
@@ -89,7 +97,7 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     k_scale_value, k_scale_tensor = _split_scale(k_scale)
     v_scale_value, v_scale_tensor = _split_scale(v_scale)
     args = (append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf, v_cache_sf, k_scale_value,
-            v_scale_value, kv_layout, k_scale_tensor, v_scale_tensor)
+            v_scale_value, kv_layout, k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
     if debug_checks.enabled():
         debug_checks.check_append_with_slot_mapping(*args)
     torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping(*args)
@@ -130,6 +138,8 @@ def dequantize_paged_kv_cache(
     v_scale: Scale,
     kv_layout: str = "NHD",
     out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    v_sf_layout: str = "linear",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Ragged K and V [total_tokens, num_kv_heads, head_dim] of all requests in order (request 0's
     tokens first), dequantized from the paged NVFP4 cache: what a non-FP4 attention kernel or a
@@ -142,6 +152,8 @@ def dequantize_paged_kv_cache(
         k_sf, v_sf = k_sf[:, 0], k_sf[:, 1]
     if kv_layout not in ("NHD", "HND"):
         raise ValueError(f'nvfp4kv.dequantize_paged_kv_cache: kv_layout must be "NHD" or "HND", got "{kv_layout}"')
+    if v_sf_layout != "linear":
+        v_sf = convert_v_scale_layout(v_sf, src=v_sf_layout, dst="linear", kv_layout=kv_layout)
     page_size = k_cache.shape[1 if kv_layout == "NHD" else 2]
     seq_lens = get_seq_lens(kv_indptr, kv_last_page_len, page_size)
     append_indptr = torch.cat([seq_lens.new_zeros(1), torch.cumsum(seq_lens, 0)])
@@ -162,3 +174,44 @@ def dequantize_paged_kv_cache(
         return torch.ops.nvfp4kv.dequantize(gather(cache), gather(sf), scale).to(out_dtype)
 
     return read(k_cache, k_sf, k_scale), read(v_cache, v_sf, v_scale)
+
+
+def convert_v_scale_layout(v_sf: torch.Tensor, src: str = "linear", dst: str = "trtllm", kv_layout: str = "NHD",
+                           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Rewrites a V-scale cache [pages, T, H, S] (NHD) or [pages, H, T, S] (HND) between the "linear"
+    and "trtllm" layouts (both directions; T = page_size, S = head_dim / 16). Returns a new tensor, or
+    writes into `out` (which may be v_sf itself: in place). In "trtllm" each (page, head) tile of T x S
+    bytes is the C-order [T/4][S][4] array indexed [t // 4][j][t % 4]; NHD stores the tile's rows at
+    [page, row, head, :]. Runs on v_sf's device (CPU or CUDA) with plain tensor operations.
+    """
+    name = "nvfp4kv.convert_v_scale_layout"
+    layouts = ("linear", "trtllm")
+    if src not in layouts or dst not in layouts:
+        raise ValueError(f'{name}: src and dst must be "linear" or "trtllm", got "{src}" and "{dst}"')
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f'{name}: kv_layout must be "NHD" or "HND", got "{kv_layout}"')
+    if v_sf.dim() != 4:
+        raise ValueError(f"{name}: v_sf must be a 4-D scale cache, got shape {list(v_sf.shape)}")
+    tiles = v_sf if kv_layout == "HND" else v_sf.transpose(1, 2)  # [pages, H, T, S]
+    pages, heads, page_size, blocks = tiles.shape
+    if page_size % 4 != 0 or blocks % 4 != 0:
+        raise ValueError(f"{name}: the trtllm layout needs page_size % 4 == 0 and head_dim % 64 == 0, got "
+                         f"page_size {page_size} and head_dim {blocks * 16}")
+    if out is not None and (out.shape != v_sf.shape or out.dtype != v_sf.dtype or out.device != v_sf.device):
+        raise ValueError(f"{name}: out must match v_sf ({list(v_sf.shape)}, {v_sf.dtype}, {v_sf.device}), got "
+                         f"{list(out.shape)}, {out.dtype}, {out.device}")
+    raw = tiles.contiguous().view(torch.uint8) if tiles.dtype != torch.uint8 else tiles.contiguous()
+    if src == dst:
+        converted = raw
+    elif dst == "trtllm":  # [.., T/4, 4, S] -> [.., T/4, S, 4]
+        converted = raw.reshape(pages, heads, page_size // 4, 4, blocks).transpose(-1, -2).reshape(
+            pages, heads, page_size, blocks)
+    else:  # [.., T/4, S, 4] -> [.., T/4, 4, S]
+        converted = raw.reshape(pages, heads, page_size // 4, blocks, 4).transpose(-1, -2).reshape(
+            pages, heads, page_size, blocks)
+    converted = converted.view(v_sf.dtype)
+    if kv_layout == "NHD":
+        converted = converted.transpose(1, 2)
+    if out is None:
+        return converted.contiguous()
+    return out.copy_(converted)

@@ -22,10 +22,12 @@ void append_paged_kv_cache_cuda(Tensor append_key, Tensor append_value, Tensor b
                                 Tensor k_cache, std::optional<Tensor> v_cache, Tensor k_cache_sf,
                                 std::optional<Tensor> v_cache_sf, Tensor kv_indices, Tensor kv_indptr,
                                 Tensor kv_last_page_len, double k_scale, double v_scale, std::string kv_layout,
-                                std::optional<Tensor> k_scale_tensor, std::optional<Tensor> v_scale_tensor) {
+                                std::optional<Tensor> k_scale_tensor, std::optional<Tensor> v_scale_tensor,
+                                std::string v_sf_layout, std::string scale_search) {
   launch(check_append_arguments(append_key, append_value, batch_indices, positions,
                                 {k_cache, v_cache, k_cache_sf, v_cache_sf}, kv_indices, kv_indptr, kv_last_page_len,
-                                {k_scale, v_scale, k_scale_tensor, v_scale_tensor}, kv_layout),
+                                {k_scale, v_scale, k_scale_tensor, v_scale_tensor},
+                                {kv_layout, v_sf_layout, scale_search}),
          append_key, "append_paged_kv_cache");
 }
 
@@ -33,10 +35,12 @@ void append_paged_kv_cache_with_slot_mapping_cuda(Tensor append_key, Tensor appe
                                                   Tensor k_cache, std::optional<Tensor> v_cache, Tensor k_cache_sf,
                                                   std::optional<Tensor> v_cache_sf, double k_scale, double v_scale,
                                                   std::string kv_layout, std::optional<Tensor> k_scale_tensor,
-                                                  std::optional<Tensor> v_scale_tensor) {
+                                                  std::optional<Tensor> v_scale_tensor, std::string v_sf_layout,
+                                                  std::string scale_search) {
   launch(check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping,
                                                   {k_cache, v_cache, k_cache_sf, v_cache_sf},
-                                                  {k_scale, v_scale, k_scale_tensor, v_scale_tensor}, kv_layout),
+                                                  {k_scale, v_scale, k_scale_tensor, v_scale_tensor},
+                                                  {kv_layout, v_sf_layout, scale_search}),
          append_key, "append_paged_kv_cache_with_slot_mapping");
 }
 
