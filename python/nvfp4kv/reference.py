@@ -3,6 +3,12 @@
 This module is the test oracle: it is written for exactness and readability, not speed, and depends on torch only
 (it never loads the compiled library). Every floating-point step is an IEEE float32 tensor operation in the order
 the spec gives, so its bytes are the bytes the CPU and CUDA kernels must produce.
+
+Beyond SPEC.md it implements the two options of issue 7, both keyword-only on the append functions:
+- scale_search="4over6": per block, the scale of SPEC section 2 (sf6) competes with sf4 = E4M3(a / (4.0f * s)); the
+  one with the smaller fp32 squared error wins, ties keep sf6 (see quantize).
+- v_sf_layout="trtllm": V scales stored in the 4-token interleaved layout of FlashInfer's trtllm-gen kernels, built
+  here by reshape/permute of each (page, head) tile (see v_scales_linear_to_trtllm), never by an offset formula.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ __all__ = [
     "quantize",
     "dequantize",
     "nvfp4_quantize_append_paged_kv_cache",
+    "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping",
+    "resolve_targets",
+    "v_scales_linear_to_trtllm",
+    "v_scales_trtllm_to_linear",
     "round_to_e4m3_code",
     "round_to_e2m1_code",
 ]
@@ -27,6 +37,9 @@ E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # indexed by the low
 E2M1_SIGN_BIT = 0x8
 
 KVCache = Union[Tensor, Tuple[Tensor, Tensor]]
+SCALE_SEARCHES = ("none", "4over6")
+V_SF_LAYOUTS = ("linear", "trtllm")
+TRTLLM_TOKEN_GROUP = 4  # tokens interleaved per scale column in the "trtllm" V-scale layout
 
 
 def _fp32(value: float) -> Tensor:
@@ -88,32 +101,79 @@ def _unpack_nibbles(packed: Tensor) -> Tensor:
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
 
 
-def quantize(x: Tensor, global_scale: float) -> Tuple[Tensor, Tensor]:
+def _block_scale_codes(a: Tensor, multiplier: float, s: Tensor) -> Tensor:
+    """E4M3 codes (uint8) of a / (multiplier * s), the product rounded to fp32 first (SPEC section 2 steps 3-4)."""
+    return round_to_e4m3_code(a / (_fp32(multiplier) * s))
+
+
+def _block_codes(blocks: Tensor, a: Tensor, scale_code: Tensor, s: Tensor) -> Tensor:
+    """E2M1 codes (uint8, [..., 16]) of blocks quantized with the given scale codes, SPEC section 2 steps 5-6."""
+    sf = scale_code.view(torch.float8_e4m3fn).to(torch.float32)  # exact decode
+    r = torch.where((a == 0) | (sf == 0), 0.0, 1.0 / (sf * s))
+    y = blocks * r.unsqueeze(-1)
+    # The sign bit is signbit(x). It equals signbit(y) except when y is NaN (x == +-0 times r == inf, only for absurdly
+    # small s), where signbit(NaN) would be arbitrary; tests/test_reference.py: test_tiny_global_scale_makes_r_infinite.
+    sign = torch.signbit(blocks).to(torch.uint8) * E2M1_SIGN_BIT
+    return sign | round_to_e2m1_code(y.abs())
+
+
+def _e2m1_values(codes: Tensor) -> Tensor:
+    """float32 values of 4-bit E2M1 codes (bit 3 the sign, so code 0x8 is -0.0)."""
+    magnitude = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=codes.device)[(codes & 0x7).long()]
+    return torch.where((codes & E2M1_SIGN_BIT) != 0, -magnitude, magnitude)
+
+
+def _squared_errors(blocks: Tensor, codes: Tensor, scale_code: Tensor, s: Tensor) -> Tensor:
+    """float32 [...] squared error of each block, bit-exact as issue 7 defines it.
+
+    d = (e2m1(code) * float(sf)) * s - x with every product and the difference rounded to fp32, then
+    acc = acc + d * d in element order 0..15. Each step is its own float32 tensor op, so nothing is fused into a
+    multiply-add and the order is fixed; only the loop over blocks is vectorized.
+    """
+    values = _e2m1_values(codes)
+    sf = scale_code.view(torch.float8_e4m3fn).to(torch.float32)
+    acc = torch.zeros(blocks.shape[:-1], dtype=torch.float32, device=blocks.device)
+    for j in range(BLOCK_SIZE):
+        product = values[..., j] * sf
+        dequantized = product * s
+        d = dequantized - blocks[..., j]
+        square = d * d
+        acc = acc + square
+    return acc
+
+
+def quantize(x: Tensor, global_scale: float, scale_search: str = "none") -> Tuple[Tensor, Tensor]:
     """NVFP4-quantize x ([..., D], fp16/bf16/fp32, D % 16 == 0) with the global decode scale.
 
     Returns (packed uint8 [..., D/2], block scales float8_e4m3fn [..., D/16]), bit-exact to SPEC section 2.
+
+    scale_search="4over6" (issue 7): besides sf6 = E4M3(a / (6.0f * s)) each block forms sf4 = E4M3(a / (4.0f * s))
+    (same rounding and saturation), quantizes itself with both exactly as SPEC steps 5-7, and keeps sf4 only when its
+    squared error (_squared_errors) is strictly smaller. Ties, and so all-zero blocks, keep sf6. The comparison is
+    the IEEE `err4 < err6`: a NaN error (inf - inf when e2m1 * sf * s overflows on an infinite input) never picks
+    sf4, and two infinite errors tie. The NaN rule of SPEC step 1 still overrides everything.
     """
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"x must have dtype float16, bfloat16 or float32, got {x.dtype}")
     if x.dim() == 0 or x.shape[-1] % BLOCK_SIZE != 0:
         raise ValueError(f"x must have a last dimension that is a multiple of {BLOCK_SIZE}, got shape {tuple(x.shape)}")
+    if scale_search not in SCALE_SEARCHES:
+        raise ValueError(f"scale_search must be one of {SCALE_SEARCHES}, got {scale_search!r}")
 
     blocks = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
     s = _fp32(global_scale)
     has_nan = torch.isnan(blocks).any(dim=-1)
 
     a = blocks.abs().amax(dim=-1)  # may be +inf; NaN blocks are overwritten below
-    six_s = _fp32(6.0) * s  # rounded to fp32 before the division
-    t = a / six_s
-    scale_code = round_to_e4m3_code(t)
-    sf = scale_code.view(torch.float8_e4m3fn).to(torch.float32)  # exact decode
-    r = torch.where((a == 0) | (sf == 0), 0.0, 1.0 / (sf * s))
+    scale_code = _block_scale_codes(a, 6.0, s)
+    codes = _block_codes(blocks, a, scale_code, s)
 
-    y = blocks * r.unsqueeze(-1)
-    # The sign bit is signbit(x). It equals signbit(y) except when y is NaN (x == +-0 times r == inf, only for absurdly
-    # small s), where signbit(NaN) would be arbitrary; tests/test_reference.py: test_tiny_global_scale_makes_r_infinite.
-    sign = torch.signbit(blocks).to(torch.uint8) * E2M1_SIGN_BIT
-    codes = sign | round_to_e2m1_code(y.abs())
+    if scale_search == "4over6":
+        scale_code_4 = _block_scale_codes(a, 4.0, s)
+        codes_4 = _block_codes(blocks, a, scale_code_4, s)
+        use_4 = _squared_errors(blocks, codes_4, scale_code_4, s) < _squared_errors(blocks, codes, scale_code, s)
+        scale_code = torch.where(use_4, scale_code_4, scale_code)
+        codes = torch.where(use_4.unsqueeze(-1), codes_4, codes)
 
     codes = torch.where(has_nan.unsqueeze(-1), 0, codes).to(torch.uint8)
     scale_code = torch.where(has_nan, E4M3_NAN_CODE, scale_code).to(torch.uint8)
@@ -132,9 +192,7 @@ def dequantize(packed: Tensor, scales: Tensor, global_scale: float) -> Tensor:
             f"packed [..., D/2] and scales [..., D/16] must describe the same rows, got {tuple(packed.shape)} "
             f"and {tuple(scales.shape)}"
         )
-    codes = _unpack_nibbles(packed)
-    magnitude = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=packed.device)[(codes & 0x7).long()]
-    e2m1 = torch.where((codes & E2M1_SIGN_BIT) != 0, -magnitude, magnitude)
+    e2m1 = _e2m1_values(_unpack_nibbles(packed))
     sf = scales.to(torch.float32).repeat_interleave(BLOCK_SIZE, dim=-1)
     return (e2m1 * sf) * _fp32(global_scale)
 
@@ -155,6 +213,68 @@ def _split_kv(cache: KVCache, name: str) -> Tuple[Tensor, Tensor]:
 def _as_nhd(cache: Tensor, kv_layout: str) -> Tensor:
     """A [pages, page_size, heads, last] view of a 4-D cache (HND is [pages, heads, page_size, last])."""
     return cache if kv_layout == "NHD" else cache.transpose(1, 2)
+
+
+def _trtllm_tile_shape(v_sf: Tensor, kv_layout: str) -> Tuple[int, int]:
+    """(page_size, head_dim / 16) of a 4-D V-scale cache, checked for the "trtllm" layout's requirements."""
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
+    if v_sf.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"v_sf must have dtype float8_e4m3fn or uint8, got {v_sf.dtype}")
+    if v_sf.dim() != 4:
+        raise ValueError(f"v_sf must be a 4-D [pages, ...] scale cache, got shape {tuple(v_sf.shape)}")
+    page_size = _as_nhd(v_sf, kv_layout).shape[1]
+    blocks = v_sf.shape[3]
+    if page_size % TRTLLM_TOKEN_GROUP != 0:
+        raise ValueError(
+            f"the 'trtllm' V-scale layout needs page_size to be a multiple of {TRTLLM_TOKEN_GROUP}, got {page_size}"
+        )
+    if blocks % TRTLLM_TOKEN_GROUP != 0:
+        raise ValueError(
+            f"the 'trtllm' V-scale layout needs head_dim to be a multiple of {TRTLLM_TOKEN_GROUP * BLOCK_SIZE} "
+            f"(head_dim/16 scales per row a multiple of {TRTLLM_TOKEN_GROUP}), got head_dim {blocks * BLOCK_SIZE}"
+        )
+    return page_size, blocks
+
+
+def _permute_v_scale_tiles(v_sf: Tensor, kv_layout: str, to_trtllm: bool) -> Tensor:
+    """A new tensor (same shape, dtype and layout as v_sf, contiguous) with every (page, head) tile permuted.
+
+    Each tile is the T x S block of scales of one page and one kv-head, a flat sequence of T*S bytes in token-major
+    order. "linear" reads it as [T, S]; "trtllm" as [T/4, S, 4], indexed [t // 4][j][t % 4]. Converting is a
+    reshape to [T/4, 4, S] and a swap of the last two axes (its own inverse with the roles exchanged).
+    HND tiles are the contiguous [T, S] of v_sf[page, head]. An NHD cache holds the same flat tile sequence at NHD
+    coordinates (flat index f -> [page, f // S, head, f % S]), so it is converted as its HND transpose and
+    transposed back: NHD "trtllm" == (HND "trtllm").transpose(-3, -2).
+    """
+    page_size, blocks = _trtllm_tile_shape(v_sf, kv_layout)
+    hnd = v_sf.view(torch.uint8) if kv_layout == "HND" else v_sf.view(torch.uint8).transpose(1, 2)
+    pages, heads = hnd.shape[0], hnd.shape[1]
+    linear_shape = (pages, heads, page_size // TRTLLM_TOKEN_GROUP, TRTLLM_TOKEN_GROUP, blocks)
+    trtllm_shape = (pages, heads, page_size // TRTLLM_TOKEN_GROUP, blocks, TRTLLM_TOKEN_GROUP)
+    source_shape, target_shape = (linear_shape, trtllm_shape) if to_trtllm else (trtllm_shape, linear_shape)
+
+    converted = torch.empty(target_shape, dtype=torch.uint8, device=v_sf.device)
+    converted.copy_(hnd.reshape(source_shape).transpose(-1, -2))
+    converted = converted.view(pages, heads, page_size, blocks)
+    if kv_layout == "NHD":
+        converted = converted.transpose(1, 2).contiguous()
+    return converted.view(v_sf.dtype)
+
+
+def v_scales_linear_to_trtllm(v_sf: Tensor, kv_layout: str) -> Tensor:
+    """A V-scale cache ([pages, T, H, S] NHD or [pages, H, T, S] HND, float8_e4m3fn or uint8) converted from the
+    linear layout to FlashInfer trtllm-gen's 4-token interleaved layout; returns a new tensor.
+
+    Inside each (page, head) tile the scale of (token t, block j) moves from flat index t*S + j to
+    4*S*(t // 4) + 4*j + (t % 4). Needs page_size % 4 == 0 and head_dim % 64 == 0 (ValueError otherwise).
+    """
+    return _permute_v_scale_tiles(v_sf, kv_layout, to_trtllm=True)
+
+
+def v_scales_trtllm_to_linear(v_sf: Tensor, kv_layout: str) -> Tensor:
+    """The exact inverse of v_scales_linear_to_trtllm; returns a new tensor."""
+    return _permute_v_scale_tiles(v_sf, kv_layout, to_trtllm=False)
 
 
 def resolve_targets(
@@ -216,30 +336,47 @@ def nvfp4_quantize_append_paged_kv_cache(
     k_scale: float,
     v_scale: float,
     kv_layout: str = "NHD",
+    *,
+    v_sf_layout: str = "linear",
+    scale_search: str = "none",
 ) -> None:
     """Quantize K/V rows and write them into the paged NVFP4 cache in place (SPEC section 1).
 
     append_key/append_value: [nnz, heads, head_dim]. Caches: NHD [pages, page_size, heads, head_dim/2] (scales
     head_dim/16), HND [pages, heads, page_size, ...]; as a (k, v) tuple or stacked on dim 1. Rows whose indices fall
     outside the cache are skipped (see resolve_targets); nothing but the target bytes changes.
+
+    scale_search ("none" | "4over6") picks the block-scale recipe of K and V (see quantize). v_sf_layout
+    ("linear" | "trtllm") is the layout of the V scales only; K scales and packed data are always linear. A "trtllm"
+    V-scale cache is converted to linear, appended to, and converted back, so the bytes written are exactly those of
+    a linear append followed by v_scales_linear_to_trtllm, and every other byte keeps its prior value.
     """
     if kv_layout not in ("NHD", "HND"):
         raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
+    if v_sf_layout not in V_SF_LAYOUTS:
+        raise ValueError(f"v_sf_layout must be one of {V_SF_LAYOUTS}, got {v_sf_layout!r}")
+    if scale_search not in SCALE_SEARCHES:
+        raise ValueError(f"scale_search must be one of {SCALE_SEARCHES}, got {scale_search!r}")
     k_cache, v_cache = _split_kv(paged_kv_cache, "paged_kv_cache")
     k_sf, v_sf = _split_kv(kv_cache_sf, "kv_cache_sf")
     page_size = _as_nhd(k_cache, kv_layout).shape[1]
+    # Checked (and converted) before anything is written.
+    v_sf_linear = v_scales_trtllm_to_linear(v_sf, kv_layout) if v_sf_layout == "trtllm" else v_sf
 
     rows, page, entry = resolve_targets(
         batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_cache.shape[0], page_size
     )
     key_side = (append_key, k_cache, k_sf, k_scale)
-    value_side = (append_value, v_cache, v_sf, v_scale)
+    value_side = (append_value, v_cache, v_sf_linear, v_scale)
     for append, cache, sf_cache, scale in (key_side, value_side):
-        packed, scales = quantize(append[rows], scale)  # [n, heads, head_dim/2], [n, heads, head_dim/16]
+        # [n, heads, head_dim/2], [n, heads, head_dim/16]
+        packed, scales = quantize(append[rows], scale, scale_search=scale_search)
         # Assigning through views writes into the caller's storage (also for halves of a stacked cache). The scale
         # cache is written as uint8 because index_put_ does not support float8.
         _as_nhd(cache, kv_layout)[page, entry] = packed
         _as_nhd(sf_cache.view(torch.uint8), kv_layout)[page, entry] = scales.view(torch.uint8)
+    if v_sf_layout == "trtllm":
+        v_sf.view(torch.uint8).copy_(v_scales_linear_to_trtllm(v_sf_linear, kv_layout).view(torch.uint8))
 
 
 def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
@@ -251,6 +388,9 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     k_scale: float,
     v_scale: float,
     kv_layout: str = "NHD",
+    *,
+    v_sf_layout: str = "linear",
+    scale_search: str = "none",
 ) -> None:
     """The slot-mapping variant, expressed through the page-table one: one request owning every page
     in order (kv_indices = 0..P-1) makes position == slot, so page = slot // page_size and
@@ -264,4 +404,4 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
         append_key[:n], append_value[:n], torch.zeros(n, dtype=torch.int64, device=device), slot_mapping.long(),
         paged_kv_cache, kv_cache_sf, torch.arange(num_pages, device=device),
         torch.tensor([0, num_pages], device=device), torch.ones(1, dtype=torch.int64, device=device),
-        k_scale, v_scale, kv_layout)
+        k_scale, v_scale, kv_layout, v_sf_layout=v_sf_layout, scale_search=scale_search)

@@ -1,0 +1,180 @@
+"""V-scale layouts ("linear", "trtllm") and the 4-over-6 scale search, through both append variants,
+against the reference (which builds "trtllm" by reshape/permute), on every device present."""
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import nvfp4kv
+from nvfp4kv import reference
+from append_cases import cache_bytes, make_append_case
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def assert_same_caches(a, b):
+    for name in ("paged_kv_cache", "kv_cache_sf"):
+        x, y = cache_bytes(getattr(a, name)), cache_bytes(getattr(b, name))
+        assert torch.equal(x, y), f"{name}: {int((x != y).sum())} bytes differ"
+
+
+COMBOS = list(itertools.product(["NHD", "HND"], [False, True], ["linear", "trtllm"], ["none", "4over6"]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout,stacked,v_sf_layout,scale_search", COMBOS)
+def test_page_table_variant_matches_reference(device, layout, stacked, v_sf_layout, scale_search):
+    seed = COMBOS.index((layout, stacked, v_sf_layout, scale_search))
+    case = make_append_case(layout=layout, stacked=stacked, head_dim=128, page_size=8, num_heads=3, seed=100 + seed,
+                            dtype=torch.float16 if seed % 2 else torch.bfloat16)
+    ours, theirs = case.cloned().to(device), case.cloned()
+    options = dict(v_sf_layout=v_sf_layout, scale_search=scale_search)
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*ours.args(), **options)
+    reference.nvfp4_quantize_append_paged_kv_cache(*theirs.args(), **options)
+    assert_same_caches(ours, theirs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout,stacked,v_sf_layout,scale_search", COMBOS[::3])
+def test_slot_mapping_variant_matches_reference(device, layout, stacked, v_sf_layout, scale_search):
+    case = make_append_case(layout=layout, stacked=stacked, head_dim=64, page_size=4, seed=7)
+    num_pages = (case.paged_kv_cache if stacked else case.paged_kv_cache[0]).shape[0]
+    slots = torch.randperm(num_pages * 4, generator=torch.Generator().manual_seed(8))[:case.append_key.shape[0] - 1]
+    slots[0] = -1
+    ours, theirs = case.cloned().to(device), case.cloned()
+    options = dict(v_sf_layout=v_sf_layout, scale_search=scale_search)
+    for target, fn, s in ((ours, nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping, slots.to(device)),
+                          (theirs, reference.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping, slots)):
+        fn(target.append_key, target.append_value, s, target.paged_kv_cache, target.kv_cache_sf, target.k_scale,
+           target.v_scale, target.kv_layout, **options)
+    assert_same_caches(ours, theirs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["gaussian", "outliers", "heavy_tail"])
+def test_four_over_six_matches_reference_on_hard_inputs(device, kind):
+    g = torch.Generator().manual_seed(9)
+    case = make_append_case(head_dim=256, num_heads=2, page_size=16, seed=10)
+    x = torch.randn(case.append_key.shape, generator=g)
+    if kind == "outliers":
+        x[..., torch.randint(0, 256, (8,), generator=g)] *= 40
+    elif kind == "heavy_tail":
+        x = x ** 3  # heavy tails: kurtosis far above a Gaussian's
+    case = dataclasses.replace(case, append_key=x.to(torch.bfloat16), append_value=(-x).to(torch.bfloat16))
+    ours, theirs = case.cloned().to(device), case.cloned()
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*ours.args(), scale_search="4over6")
+    reference.nvfp4_quantize_append_paged_kv_cache(*theirs.args(), scale_search="4over6")
+    assert_same_caches(ours, theirs)
+
+
+def test_four_over_six_lowers_the_error_and_changes_some_scales():
+    x = torch.randn(256, 8, 128, generator=torch.Generator().manual_seed(11))
+    s = float(x.abs().max()) / (6 * 448)
+    plain = reference.quantize(x, s)
+    searched = reference.quantize(x, s, scale_search="4over6")
+    error = lambda q: float((reference.dequantize(*q, s) - x).norm())  # noqa: E731
+    assert error(searched) < error(plain)
+    assert not torch.equal(plain[1].view(torch.uint8), searched[1].view(torch.uint8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_trtllm_layout_offsets_by_hand(device, layout):
+    """One row at entry t = 6 of page 1: V scale of block j lands at flat tile offset 4 S (t // 4) + 4 j + t % 4."""
+    heads, head_dim, page_size = 2, 128, 8
+    blocks = head_dim // 16
+    inner = (page_size, heads) if layout == "NHD" else (heads, page_size)
+    cache = torch.zeros(2, 2, *inner, head_dim // 2, dtype=torch.uint8, device=device)
+    cache_sf = torch.zeros(2, 2, *inner, blocks, dtype=torch.uint8, device=device)
+    row = torch.randn(1, heads, head_dim, generator=torch.Generator().manual_seed(12)).to(torch.bfloat16).to(device)
+    index = lambda *v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(row, row, index(0), index(6), cache,
+                                                 cache_sf.view(torch.float8_e4m3fn), index(1), index(0, 1), index(7),
+                                                 0.01, 0.01, layout, v_sf_layout="trtllm")
+    k_sf, v_sf = cache_sf[1, 0].cpu(), cache_sf[1, 1].cpu()
+    for h in range(heads):
+        k_row = k_sf[6, h] if layout == "NHD" else k_sf[h, 6]
+        tile = (v_sf[:, h] if layout == "NHD" else v_sf[h]).flatten()  # the (page, head) tile, row-major
+        for j in range(blocks):
+            assert tile[4 * blocks * (6 // 4) + 4 * j + 6 % 4] == k_row[j]  # K and V rows are the same values
+        assert int((tile != 0).sum()) == int((k_row != 0).sum())  # nothing else in the tile was written
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_convert_v_scale_layout_round_trip_and_in_place(device, layout):
+    g = torch.Generator().manual_seed(13)
+    shape = (3, 8, 2, 8) if layout == "NHD" else (3, 2, 8, 8)
+    linear = torch.randint(0, 127, shape, dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn).to(device)
+    trtllm = nvfp4kv.convert_v_scale_layout(linear, "linear", "trtllm", kv_layout=layout)
+    assert torch.equal(trtllm.view(torch.uint8).cpu(),
+                       reference.v_scales_linear_to_trtllm(linear.cpu(), layout).view(torch.uint8))
+    back = nvfp4kv.convert_v_scale_layout(trtllm, "trtllm", "linear", kv_layout=layout)
+    assert torch.equal(back.view(torch.uint8), linear.view(torch.uint8))
+    in_place = linear.clone()
+    nvfp4kv.convert_v_scale_layout(in_place, "linear", "trtllm", kv_layout=layout, out=in_place)
+    assert torch.equal(in_place.view(torch.uint8), trtllm.view(torch.uint8))
+    if layout == "NHD":  # NHD "trtllm" transposed is the HND "trtllm" of the transposed linear tensor
+        hnd = nvfp4kv.convert_v_scale_layout(linear.transpose(1, 2).contiguous(), kv_layout="HND")
+        assert torch.equal(trtllm.transpose(-3, -2).view(torch.uint8), hnd.view(torch.uint8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_readback_of_a_trtllm_cache(device):
+    case = make_append_case(layout="HND", stacked=True, head_dim=64, page_size=4, seed=14).to(device)
+    linear, trtllm = case.cloned(), case.cloned()
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*linear.args())
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*trtllm.args(), v_sf_layout="trtllm")
+    read = lambda c, **kw: nvfp4kv.dequantize_paged_kv_cache(  # noqa: E731
+        c.paged_kv_cache, c.kv_cache_sf, c.kv_indices, c.kv_indptr, c.kv_last_page_len, c.k_scale, c.v_scale,
+        c.kv_layout, torch.float32, **kw)
+    k1, v1 = read(linear)
+    k2, v2 = read(trtllm, v_sf_layout="trtllm")
+    # Only the appended tokens hold the same values; the rest of each request is poison, read through
+    # two different layouts.
+    seq_lens = nvfp4kv.get_seq_lens(case.kv_indptr, case.kv_last_page_len, 4).long()
+    starts = torch.cumsum(seq_lens, 0) - seq_lens
+    rows = (starts[case.batch_indices.long()] + case.positions.long()).cpu()
+    assert torch.equal(k1[rows], k2[rows])
+    assert torch.equal(v1[rows], v2[rows])
+    expected_v = reference.dequantize(*reference.quantize(case.append_value.cpu(), case.v_scale), case.v_scale)
+    assert torch.equal(v2[rows].cpu(), expected_v)
+
+
+BAD = [
+    ("v_sf_layout_name", dict(v_sf_layout="interleaved"), {}, "v_sf_layout must be"),
+    ("scale_search_name", dict(scale_search="4over5"), {}, "scale_search must be"),
+    ("trtllm_page_size", dict(v_sf_layout="trtllm"), dict(page_size=6), "needs page_size % 4 == 0"),
+    ("trtllm_head_dim", dict(v_sf_layout="trtllm"), dict(head_dim=48), "needs head_dim % 64 == 0"),
+    ("trtllm_hnd_strided_tiles", dict(v_sf_layout="trtllm"), dict(layout="HND", strided_cache=True),
+     "must have contiguous [page_size, head_dim/16] tiles"),
+]
+
+
+@pytest.mark.parametrize("options,case_options,message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_layout_options(options, case_options, message):
+    case = make_append_case(**{"head_dim": 64, "page_size": 8, "seed": 15, **case_options})
+    before = cache_bytes(case.kv_cache_sf)
+    with pytest.raises(ValueError) as eager:
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args(), **options)
+    assert message in str(eager.value)
+    assert torch.equal(cache_bytes(case.kv_cache_sf), before)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else
+                tuple(mode.from_tensor(t) for t in a) if isinstance(a, tuple) else a for a in case.args()]
+        with pytest.raises(ValueError) as traced:
+            nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*fake, **options)
+    assert str(traced.value) == str(eager.value)
+
+
+def test_trtllm_needs_equal_k_and_v_scale_strides():
+    case = make_append_case(head_dim=64, page_size=8, seed=16)
+    k_sf, v_sf = case.kv_cache_sf
+    v_strided = torch.zeros(v_sf.shape[0], v_sf.shape[1], v_sf.shape[2], 8, dtype=torch.uint8)[..., :4].view(
+        torch.float8_e4m3fn)
+    bad = dataclasses.replace(case, kv_cache_sf=(k_sf.contiguous(), v_strided))
+    with pytest.raises(ValueError, match=r"kv_cache_sf\[1\] must have the same strides as the K scales"):
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*bad.args(), v_sf_layout="trtllm")
