@@ -49,7 +49,7 @@ def accuracy_table(device: str = "cpu", seed: int = 0) -> List[dict]:
         x = x.to(torch.bfloat16).float()  # the exact values the op sees
         calibrated = nvfp4kv.global_scale_from_amax(float(x.abs().max()))
         for label, scale in (("calibrated", calibrated), ("calibrated / 4", calibrated / 4),
-                             ("calibrated x 256", calibrated * 256), ("1.0", 1.0)):
+                             ("calibrated x 4096", calibrated * 4096), ("1.0", 1.0)):
             row = {"distribution": name, "global_scale": label, "scale": scale}
             for recipe in ("none", "4over6"):
                 error = _round_trip(x, scale, recipe, torch.device(device)) - x
