@@ -60,3 +60,16 @@ def test_public_headers_are_installed():
         pytest.skip("running against a build tree, not an installed package")
     assert "quantize_block" in header.read_text()
 
+
+
+def test_cmake_package_is_installed():
+    """find_package(nvfp4kv) with CMAKE_PREFIX_PATH=nvfp4kv.cmake_prefix_path (tests/cpp builds against it)."""
+    from pathlib import Path
+    prefix = Path(nvfp4kv.cmake_prefix_path)
+    config = prefix / "lib" / "cmake" / "nvfp4kv" / "nvfp4kvConfig.cmake"
+    if not (prefix / "lib" / "libnvfp4kv.so").exists() or library.library_path().parent != prefix / "lib":
+        pytest.skip("running against a build tree, not an installed package")
+    assert config.exists() and (config.parent / "nvfp4kvConfigVersion.cmake").exists()
+    assert "nvfp4kv::nvfp4kv" in config.read_text()
+    for header in ("nvfp4kv.h", "page.h", "fp4_quantization.h", "operator.h", "nvfp4_codec.h"):
+        assert (prefix / "include" / "nvfp4kv" / header).exists(), header
