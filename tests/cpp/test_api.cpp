@@ -215,6 +215,37 @@ TEST(Errors, SameMessagesAsPython) {
                     "32] for kv_layout HND, got [" + std::to_string(c.cache.size(0)) + ", 16, 4, 32]");
 }
 
+// The recipe options reach the op: a bad name or an unusable geometry fails with the Python message,
+// and "4over6" / "trtllm" change the bytes relative to the defaults.
+TEST(Options, LayoutAndScaleSearchAreForwarded) {
+  Case c = make_case(12, "HND", at::kBFloat16, at::kInt, false, 4, 64, 16);
+  const auto append = [&](Case& target, const std::string& v_sf_layout, const std::string& scale_search) {
+    nvfp4kv::nvfp4_quantize_append_paged_kv_cache(target.key, target.value, target.batch_indices, target.positions,
+                                                  target.cache, target.cache_sf, target.kv_indices, target.kv_indptr,
+                                                  target.kv_last_page_len, target.k_scale, target.v_scale, "HND",
+                                                  v_sf_layout, scale_search);
+  };
+  const std::string op = "nvfp4kv.append_paged_kv_cache: ";
+  expect_error(c, [&] { append(c, "interleaved", "none"); },
+               op + "v_sf_layout must be \"linear\" or \"trtllm\", got \"interleaved\"");
+  expect_error(c, [&] { append(c, "linear", "4over5"); },
+               op + "scale_search must be \"none\" or \"4over6\", got \"4over5\"");
+  Case plain = c, searched = c, interleaved = c;
+  for (Case* copy : {&plain, &searched, &interleaved}) {
+    copy->cache = c.cache.clone();
+    copy->cache_sf = c.cache_sf.clone();
+  }
+  append(plain, "linear", "none");
+  append(searched, "linear", "4over6");
+  append(interleaved, "trtllm", "none");
+  EXPECT_FALSE(at::equal(plain.cache_sf.view(at::kByte), searched.cache_sf.view(at::kByte)));
+  EXPECT_TRUE(at::equal(plain.cache.view(at::kByte), interleaved.cache.view(at::kByte)));      // data unchanged
+  EXPECT_TRUE(at::equal(plain.cache_sf.select(1, 0).view(at::kByte),                           // K scales too
+                        interleaved.cache_sf.select(1, 0).view(at::kByte)));
+  EXPECT_FALSE(at::equal(plain.cache_sf.select(1, 1).view(at::kByte),                          // V scales move
+                         interleaved.cache_sf.select(1, 1).view(at::kByte)));
+}
+
 TEST(Dequantize, CodesTimesScales) {
   // Byte 0x21: codes 1 (0.5) and 2 (1.0); 0x8F: codes 15 (-6) and 8 (-0); the rest 0. Scale 0x40 = 2.0.
   at::Tensor packed = at::zeros({2, 8}, at::kByte);

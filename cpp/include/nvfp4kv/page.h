@@ -60,11 +60,13 @@ struct GlobalScale {
 //   kv_cache_sf:    the same structure, float8_e4m3fn, last dim head_dim/16
 //   kv_indices, kv_indptr, kv_last_page_len: the page table, already covering the new rows
 //   k_scale, v_scale: global decode scales (value = e2m1 * block_scale * global_scale)
+//   v_sf_layout: "linear" or "trtllm" (V scales 4-token interleaved); scale_search: "none" or "4over6"
 inline void nvfp4_quantize_append_paged_kv_cache(
     const at::Tensor& append_key, const at::Tensor& append_value, const at::Tensor& batch_indices,
     const at::Tensor& positions, const PagedCache& paged_kv_cache, const PagedCache& kv_cache_sf,
     const at::Tensor& kv_indices, const at::Tensor& kv_indptr, const at::Tensor& kv_last_page_len,
-    const GlobalScale& k_scale, const GlobalScale& v_scale, std::string_view kv_layout = "NHD") {
+    const GlobalScale& k_scale, const GlobalScale& v_scale, std::string_view kv_layout = "NHD",
+    std::string_view v_sf_layout = "linear", std::string_view scale_search = "none") {
   static const c10::OperatorHandle op = detail::find_op("nvfp4kv::append_paged_kv_cache");
   detail::call(op, {{"append_key", append_key},
                     {"append_value", append_value},
@@ -81,7 +83,9 @@ inline void nvfp4_quantize_append_paged_kv_cache(
                     {"v_scale", v_scale.value},
                     {"kv_layout", std::string(kv_layout)},
                     {"k_scale_tensor", k_scale.tensor},
-                    {"v_scale_tensor", v_scale.tensor}});
+                    {"v_scale_tensor", v_scale.tensor},
+                    {"v_sf_layout", std::string(v_sf_layout)},
+                    {"scale_search", std::string(scale_search)}});
 }
 
 // The same append addressed by flat slots, as vLLM-style engines do: row i goes to page
@@ -91,7 +95,8 @@ inline void nvfp4_quantize_append_paged_kv_cache(
 inline void nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     const at::Tensor& append_key, const at::Tensor& append_value, const at::Tensor& slot_mapping,
     const PagedCache& paged_kv_cache, const PagedCache& kv_cache_sf, const GlobalScale& k_scale,
-    const GlobalScale& v_scale, std::string_view kv_layout = "NHD") {
+    const GlobalScale& v_scale, std::string_view kv_layout = "NHD", std::string_view v_sf_layout = "linear",
+    std::string_view scale_search = "none") {
   static const c10::OperatorHandle op = detail::find_op("nvfp4kv::append_paged_kv_cache_with_slot_mapping");
   detail::call(op, {{"append_key", append_key},
                     {"append_value", append_value},
@@ -104,7 +109,9 @@ inline void nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
                     {"v_scale", v_scale.value},
                     {"kv_layout", std::string(kv_layout)},
                     {"k_scale_tensor", k_scale.tensor},
-                    {"v_scale_tensor", v_scale.tensor}});
+                    {"v_scale_tensor", v_scale.tensor},
+                    {"v_sf_layout", std::string(v_sf_layout)},
+                    {"scale_search", std::string(scale_search)}});
 }
 
 // Sequence length of each request: full pages times page_size plus the last page's entries.
