@@ -31,6 +31,14 @@ def _split_scale(scale: Scale) -> Tuple[float, Optional[torch.Tensor]]:
     return (1.0, scale) if isinstance(scale, torch.Tensor) else (scale, None)
 
 
+def _op_arguments(paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_scale: Scale):
+    """The caches and scales as the ops take them: (k, v, k_sf, v_sf), float scales, tensor scales."""
+    k_cache, v_cache = _split_cache(paged_kv_cache, "paged_kv_cache")
+    k_cache_sf, v_cache_sf = _split_cache(kv_cache_sf, "kv_cache_sf")
+    (k_value, k_tensor), (v_value, v_tensor) = _split_scale(k_scale), _split_scale(v_scale)
+    return (k_cache, v_cache, k_cache_sf, v_cache_sf), (k_value, v_value), (k_tensor, v_tensor)
+
+
 def nvfp4_quantize_append_paged_kv_cache(
     append_key: torch.Tensor,
     append_value: torch.Tensor,
@@ -61,10 +69,8 @@ def nvfp4_quantize_append_paged_kv_cache(
     v_sf_layout: "linear" (FA2/XQA kernels) or "trtllm" (V scales 4-token interleaved, for trtllm-gen).
     scale_search: "none" (SPEC) or "4over6" (per block, the 4-targeted scale when it has less error).
     """
-    k_cache, v_cache = _split_cache(paged_kv_cache, "paged_kv_cache")
-    k_cache_sf, v_cache_sf = _split_cache(kv_cache_sf, "kv_cache_sf")
-    k_scale_value, k_scale_tensor = _split_scale(k_scale)
-    v_scale_value, v_scale_tensor = _split_scale(v_scale)
+    (k_cache, v_cache, k_cache_sf, v_cache_sf), (k_scale_value, v_scale_value), (k_scale_tensor, v_scale_tensor) = \
+        _op_arguments(paged_kv_cache, kv_cache_sf, k_scale, v_scale)
     args = (append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
             kv_indices, kv_indptr, kv_last_page_len, k_scale_value, v_scale_value, kv_layout, k_scale_tensor,
             v_scale_tensor, v_sf_layout, scale_search)
@@ -92,10 +98,8 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     slot_mapping[i] // page_size, entry slot_mapping[i] % page_size. Negative slots are padding
     (skipped), and so are slots at or beyond max_num_pages * page_size. Rows past n are ignored.
     """
-    k_cache, v_cache = _split_cache(paged_kv_cache, "paged_kv_cache")
-    k_cache_sf, v_cache_sf = _split_cache(kv_cache_sf, "kv_cache_sf")
-    k_scale_value, k_scale_tensor = _split_scale(k_scale)
-    v_scale_value, v_scale_tensor = _split_scale(v_scale)
+    (k_cache, v_cache, k_cache_sf, v_cache_sf), (k_scale_value, v_scale_value), (k_scale_tensor, v_scale_tensor) = \
+        _op_arguments(paged_kv_cache, kv_cache_sf, k_scale, v_scale)
     args = (append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf, v_cache_sf, k_scale_value,
             v_scale_value, kv_layout, k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
     if debug_checks.enabled():
