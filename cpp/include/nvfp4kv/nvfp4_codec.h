@@ -104,6 +104,42 @@ NVFP4KV_HOST_DEVICE float e4m3_to_float(uint8_t byte) {
   return bits_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));
 }
 
+// a * b + c rounded once, for products a * b that are exact (b a power of two, a not tiny): one
+// fused instruction on the GPU, the same value as the two host operations.
+NVFP4KV_HOST_DEVICE float add_exact_product(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+NVFP4KV_HOST_DEVICE float min_float(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
+  return a < b ? a : b;
+#endif
+}
+
+// The "code float" of E2M1 magnitude code k is 2^22 + k/2: fp32 spacing is 0.5 at 2^22, so its bits
+// are kCodeFloatZeroBits + k.
+constexpr uint32_t kCodeFloatZeroBits = 0x4A800000u;  // bits of 2^22
+
+// E2M1 magnitude code (SPEC step 6: nearest, ties to even, saturating) of u in [0, 6], as a code
+// float (u in (6, 7) also gives code 7, so callers may skip the clamp when u < 7 is known). Adding a constant of spacing g rounds to the grid of step g with ties to even in ONE IEEE
+// addition, so with c0 = RNE(2u), c1 = RNE(u), c2 = RNE(u/2) (the E2M1 grids of [0,2), [2,4), [4,8)):
+//   a = 2^22 + c0/2,  b = 2^22 + (2 + c1)/2,  c = 2^22 + (4 + c2)/2      (even offsets keep ties even)
+// and the code is min(c0, 2 + c1, 4 + c2): each candidate is the code on its own binade and no smaller
+// than it elsewhere. Three FP additions and two minima instead of branches and integer rounding;
+// equal to the direct definition for every fp32 u (checked exhaustively, tests/gpu/codec_check.cu).
+NVFP4KV_HOST_DEVICE float e2m1_code_float(float u) {
+  const float a = u + 4194304.0f;                             // u * 1 exact
+  const float b = add_exact_product(u, 0.5f, 4194305.0f);    // 2^22 + 1 + RNE(u)/2
+  const float c = add_exact_product(u, 0.25f, 4194306.0f);   // 2^22 + 2 + RNE(u/2)/2
+  return min_float(a, min_float(b, c));
+}
+
 // E2M1 code of y (SPEC step 6): bit 3 = sign, bits 0-2 = magnitude, round half to even, saturating.
 // The sign is taken from the unscaled input: it equals signbit(y) whenever y is not NaN (r > 0), and
 // stays deterministic in the one case y can be NaN (0 * inf when r overflows). A NaN magnitude takes
@@ -111,14 +147,8 @@ NVFP4KV_HOST_DEVICE float e4m3_to_float(uint8_t byte) {
 NVFP4KV_HOST_DEVICE uint8_t e2m1_code(float y, float x) {
   const float magnitude = bits_float(float_bits(y) & 0x7FFFFFFFu);
   const float m = magnitude < kE2M1MaxValue ? magnitude : kE2M1MaxValue;  // saturate; NaN -> 6
-  // [1, 6]: E2M1 normals are fp32 with one mantissa bit; round the 22 dropped bits to nearest even
-  // (a carry moves into the exponent) and rebias the exponent 127 -> 1: code = rounded - (126 << 1).
-  const uint32_t bits = float_bits(m);
-  const uint32_t normal = ((bits + 0x1FFFFFu + ((bits >> 22) & 1u)) >> 22) - 252u;
-  // [0, 1): the subnormal grid 0, 0.5, 1.0 with ties 0.25 -> 0 and 0.75 -> 1.0 (both even).
-  const uint32_t subnormal = uint32_t(m > 0.25f) + uint32_t(m >= 0.75f);
   const uint32_t sign = (float_bits(x) >> 31) << 3;
-  return uint8_t(sign | (m < 1.0f ? subnormal : normal));
+  return uint8_t(sign | (float_bits(e2m1_code_float(m)) - kCodeFloatZeroBits));
 }
 
 // Value of an E2M1 code (bit 3 = sign).

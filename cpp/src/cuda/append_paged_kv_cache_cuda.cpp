@@ -3,6 +3,8 @@
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
+#include <optional>
+
 #include "../append_checks.h"
 #include "current_stream.h"
 #include "kernels.h"
@@ -12,7 +14,10 @@ namespace {
 
 void launch(const AppendParams& p, const Tensor& append_key, const char* op) {
   const int32_t device = append_key.get_device_index();
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  // A device guard only when the tensors live on another device than the current one (the common
+  // case needs none, and skipping it keeps the eager host path short).
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  if (torch::stable::accelerator::getCurrentDeviceIndex() != device) guard.emplace(device);
   const char* error_string = nullptr;
   const int error = launch_append_paged_kv_cache(p, current_cuda_stream(device), &error_string);
   check_cuda_launch(error, error_string, op);

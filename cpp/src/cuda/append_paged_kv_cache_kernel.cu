@@ -1,17 +1,41 @@
-// CUDA kernel of nvfp4kv::append_paged_kv_cache.
+// CUDA kernel of nvfp4kv::append_paged_kv_cache and of its slot-mapping variant.
 //
 // Layouts (strides resolved on the host into AppendParams, see append_params.h):
-//   append_key / append_value  [nnz, num_heads, head_dim]            fp16 or bf16, last dim contiguous
+//   append_key / append_value  [nnz, num_heads, head_dim]                 fp16 or bf16, last dim contiguous
 //   K/V data cache             NHD [pages, page_size, heads, head_dim/2]  or  HND [pages, heads, page_size, head_dim/2]
-//   K/V scale cache            same with head_dim/16 float8_e4m3fn bytes
-// One thread owns one 16-value block of one (row, head) and does it for K and for V: it loads the
-// 2 x 32 input bytes first, then follows the dependent index chain (batch index -> indptr -> page id),
-// so the input loads are in flight while the indices arrive; it stores 8 packed bytes + 1 scale byte
-// for each of K and V. Consecutive threads walk the blocks of a head row, then heads, then rows, so
-// loads and stores of a warp are contiguous.
-#include <cuda_fp16.h>
+//   K/V scale cache            the same with head_dim/16 float8_e4m3fn bytes
+//   index tensors              batch_indices, positions [nnz]; kv_indptr [batch_size + 1]; kv_indices [*];
+//                              or slot_mapping [nnz]; int32 or int64, any stride, read as given
+//
+// Work split. A thread owns kBlocks (1 or 2) consecutive 16-value blocks of one (row, head):
+//   pair mode (prefill): for K and for V, 2 blocks each when head_dim / 16 is even, so K and V are one
+//     launch and every thread has 128 bytes of loads in flight; 64 registers, 32 warps per SM;
+//   split mode (calls of at most 2^16 blocks per tensor, i.e. decode): 1 block of K or of V per thread,
+//     so a small call has many short threads and its latency is shorter.
+// Consecutive threads walk the blocks of a head row, then heads, (then K/V,) then rows: the 16-byte
+// input loads of a warp are contiguous, and so are its packed stores in the NHD layout.
+//
+// Order inside a thread, chosen so that loads overlap:
+//   1. issue the input loads (they depend on no index) and the row's level-1 index loads;
+//   2. fill the CTA's reciprocal tables (pair mode) while they are in flight;
+//   3. resolve the index chain up to issuing the load of the page id (batch index -> kv_indptr ->
+//      kv_indices). When nnz == batch_size kv_indptr[row] is loaded with batch_indices[row] on the
+//      bet b == row (decode), which removes one dependent load. Every index used for a load is
+//      clamped into its tensor and a flag says whether the row is written. In pair mode with at least
+//      9 threads per row, warp 0 resolves the chains of all the CTA's rows (one per lane) for the
+//      whole CTA (append_paged_kv_cache_pair_kernel);
+//   4. quantize (block_quantizer.cuh; the optional 4-over-6 recipe runs the codec's own code) while the
+//      page id is in flight;
+//   5. store 8 or 16 packed bytes and 1 or 2 scale bytes per tensor (V scales byte by byte in the
+//      optional "trtllm" layout).
+// PERFORMANCE_LOG.md beside this file has the measured numbers and what each design choice bought.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "block_quantizer.cuh"
 #include "kernels.h"
 
 namespace nvfp4kv {
@@ -19,105 +43,510 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Exact widening of 8 packed 16-bit values (one uint4) into fp32.
-template <bool kBF16>
-__device__ __forceinline__ void widen8(const uint4& packed, float* x) {
-  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (kBF16) {
-      x[2 * i] = __uint_as_float(words[i] << 16);
-      x[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
-    } else {
-      const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
-      x[2 * i] = pair.x;
-      x[2 * i + 1] = pair.y;
-    }
+// ---------------------------------------------------------------------------------------------
+// Division by a run-time constant d in [1, 2^31) for dividends n < 2^31 (Granlund-Montgomery,
+// "Division by invariant integers using multiplication", Thm 4.2 with N = 31): with
+// l = ceil(log2 d) and m = ceil(2^(31+l) / d) < 2^32, floor(n / d) = (n * m) >> (31 + l).
+// Keeps 32- and 64-bit divisions (dozens of instructions each) out of the kernel.
+struct Divisor {
+  uint32_t d;
+  uint32_t multiplier;
+  uint32_t shift;
+
+  static Divisor make(uint32_t divisor) {
+    uint32_t l = 0;
+    while ((uint64_t(1) << l) < divisor) ++l;
+    const uint64_t power = uint64_t(1) << (31 + l);
+    return Divisor{divisor, uint32_t((power + divisor - 1) / divisor), 31 + l};
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return uint32_t((uint64_t(n) * multiplier) >> shift);
+  }
+};
+
+struct LaunchArgs {
+  Divisor items_per_row;    // threads per row: item -> row
+  Divisor items_per_tensor; // split mode: threads per row and tensor: -> K or V
+  Divisor groups_per_head;  // head_dim / (16 * kBlocks): -> head, group
+  Divisor blocks_per_row;   // head_dim / 16: "trtllm" V scale addresses
+  Divisor page_size;        // position or slot -> page, for values below quotient_limit
+  uint64_t quotient_limit;  // 2^31, or 0 when page_size >= 2^31 (then always a 64-bit division)
+  int64_t row_begin;        // first row of this launch
+  uint32_t items;           // threads with work in this launch
+  bool speculate_batch;     // nnz == batch_size: load kv_indptr[row] early, betting b == row
+  bool store16;             // 16-byte packed stores (even kBlocks and every data view 16-byte aligned)
+  bool scale_store16;       // 2-byte scale stores (even kBlocks and every scale view 2-byte aligned)
+};
+
+// ---------------------------------------------------------------------------------------------
+// The index chain. Mirrors resolve_row_target (append_params.h) and its bounds contract exactly,
+// with every load index clamped into its tensor instead of early returns.
+
+// Index element i: `Index` is int32_t or int64_t when the host saw that dtype on every index tensor
+// (one load), void for a mix (IndexView picks per tensor).
+template <typename Index>
+__device__ __forceinline__ int64_t read_index(const IndexView& v, int64_t i) {
+  if constexpr (std::is_void_v<Index>) {
+    return v[i];
+  } else {
+    return int64_t(__ldg(static_cast<const Index*>(v.data) + i * v.stride));
   }
 }
 
-template <bool kBF16, bool kAligned>
-__device__ __forceinline__ void load_block(const uint16_t* __restrict__ src, float (&x)[codec::kBlockSize]) {
-  if constexpr (kAligned) {
+// v / page_size for v >= 0; 0 for v < 0 (padding slots, bad positions: their rows are skipped anyway).
+__device__ __forceinline__ uint64_t page_quotient(int64_t v, const AppendParams& p, const LaunchArgs& a) {
+  if (v < 0) return 0;
+  if (uint64_t(v) < a.quotient_limit) return a.page_size.div(uint32_t(v));
+  return uint64_t(v) / uint64_t(p.page_size);  // only for positions or slots of 2^31 and more
+}
+
+// Level 1 of the chain: the row's own index values (loads only; nothing waits for them here).
+struct RowIndices {
+  int64_t b;         // batch_indices[row], or slot_mapping[row] in the slot-mapping variant
+  int64_t position;  // positions[row]
+  int64_t first;     // kv_indptr[row], kv_indptr[row + 1]: the early guess that b == row (decode)
+  int64_t last;
+};
+
+template <typename Index>
+__device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, const LaunchArgs& a, int64_t row) {
+  RowIndices r{0, 0, 0, 0};
+  if (p.slot_mapping.data != nullptr) {
+    r.b = read_index<Index>(p.slot_mapping, row);
+    return r;
+  }
+  r.b = read_index<Index>(p.batch_indices, row);
+  r.position = read_index<Index>(p.positions, row);
+  if (a.speculate_batch) {  // row < nnz == batch_size, so row + 1 is a valid kv_indptr index
+    r.first = read_index<Index>(p.kv_indptr, row);
+    r.last = read_index<Index>(p.kv_indptr, row + 1);
+  }
+  return r;
+}
+
+// Levels 2-3: everything up to the page id, whose load is left in flight.
+struct Target {
+  int64_t page;   // page id (loaded, not yet range-checked)
+  int64_t entry;  // entry in the page
+  bool ok;        // every check but the page id's range passed
+};
+
+template <typename Index>
+__device__ __forceinline__ Target start_target(const AppendParams& p, const LaunchArgs& a, int64_t row,
+                                               const RowIndices& r) {
+  Target t;
+  if (p.slot_mapping.data != nullptr) {
+    const int64_t slot = r.b;
+    const uint64_t page = page_quotient(slot, p, a);
+    t.ok = slot >= 0;  // and page < num_pages, checked with the page-table case in finish_target
+    t.page = int64_t(page);
+    t.entry = slot - int64_t(page) * p.page_size;
+    return t;
+  }
+  const int64_t b = r.b, position = r.position;
+  int64_t first = r.first, last = r.last;
+  const bool b_ok = uint64_t(b) < uint64_t(p.batch_size);
+  if (!a.speculate_batch || b != row) {
+    const int64_t bc = b_ok ? b : 0;  // batch_size >= 1 (the host launches nothing otherwise)
+    first = read_index<Index>(p.kv_indptr, bc);
+    last = read_index<Index>(p.kv_indptr, bc + 1);
+  }
+  const uint64_t page_offset = page_quotient(position, p, a);
+  // last - first fits in uint64 when last > first; the slot then lies below last: no overflow.
+  const int64_t slot = int64_t(uint64_t(first) + page_offset);
+  t.ok = b_ok && position >= 0 && first < last && page_offset < uint64_t(last) - uint64_t(first) && slot >= 0 &&
+         slot < p.kv_indices.size;
+  t.page = read_index<Index>(p.kv_indices, t.ok ? slot : 0);  // kv_indices.size >= 1 (the host checks)
+  t.entry = position - int64_t(page_offset) * p.page_size;
+  return t;
+}
+
+__device__ __forceinline__ bool finish_target(const AppendParams& p, const Target& t) {
+  return t.ok && t.page >= 0 && t.page < p.num_pages;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loads and stores.
+
+template <int kBlocks, bool kVector>
+__device__ __forceinline__ void load_values(const uint16_t* src, uint32_t* w) {
+  if constexpr (kVector) {
     const uint4* vec = reinterpret_cast<const uint4*>(src);
-    widen8<kBF16>(__ldg(vec), x);
-    widen8<kBF16>(__ldg(vec + 1), x + 8);
+#pragma unroll
+    for (int i = 0; i < 2 * kBlocks; ++i) {
+      const uint4 v = __ldg(vec + i);
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  } else {
+    const unsigned short* s = reinterpret_cast<const unsigned short*>(src);
+#pragma unroll
+    for (int i = 0; i < 8 * kBlocks; ++i) w[i] = uint32_t(__ldg(s + 2 * i)) | (uint32_t(__ldg(s + 2 * i + 1)) << 16);
+  }
+}
+
+// The blocks of one tensor: data at `data_view`, scales at `scale_view` in the linear layout or, for
+// V with v_scales_trtllm, in the "trtllm" layout (mirrors scale_address in append_params.h).
+template <int kBlocks, bool kVector>
+__device__ __forceinline__ void store_tensor(const uint2* data, const uint8_t* sf, const CacheView& data_view,
+                                             const CacheView& scale_view, bool trtllm_scales, const Target& t,
+                                             uint32_t head, uint32_t column, const LaunchArgs& a) {
+  uint8_t* data_dst = data_view.at(t.page, t.entry, head) + column / 2;
+  if constexpr (kVector) {
+    if (kBlocks % 2 == 0 && a.store16) {
+#pragma unroll
+      for (int i = 0; i + 1 < kBlocks; i += 2) {
+        reinterpret_cast<uint4*>(data_dst)[i / 2] = make_uint4(data[i].x, data[i].y, data[i + 1].x, data[i + 1].y);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBlocks; ++i) reinterpret_cast<uint2*>(data_dst)[i] = data[i];
+    }
   } else {
 #pragma unroll
-    for (int j = 0; j < codec::kBlockSize; ++j) {
-      const uint16_t bits = __ldg(reinterpret_cast<const unsigned short*>(src) + j);
-      x[j] = kBF16 ? codec::bf16_bits_to_float(bits) : codec::fp16_bits_to_float(bits);
+    for (int i = 0; i < kBlocks; ++i) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) data_dst[8 * i + k] = uint8_t(data[i].x >> (8 * k));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) data_dst[8 * i + 4 + k] = uint8_t(data[i].y >> (8 * k));
+    }
+  }
+  const uint32_t block = column / codec::kBlockSize;
+  if (trtllm_scales) {
+    // Tile offset 4 S (entry / 4) + 4 j + entry % 4 = row * S + column within the (page, head) tile.
+#pragma unroll
+    for (int i = 0; i < kBlocks; ++i) {
+      const uint32_t u = 4 * (block + i) + uint32_t(t.entry & 3);
+      const uint32_t q = a.blocks_per_row.div(u);
+      scale_view.at(t.page, (t.entry & ~int64_t(3)) + q, head)[u - q * a.blocks_per_row.d] = sf[i];
+    }
+    return;
+  }
+  uint8_t* scale_dst = scale_view.at(t.page, t.entry, head) + block;
+  if (kVector && kBlocks % 2 == 0 && a.scale_store16) {
+#pragma unroll
+    for (int i = 0; i + 1 < kBlocks; i += 2) {
+      reinterpret_cast<uint16_t*>(scale_dst)[i / 2] = uint16_t(sf[i] | (sf[i + 1] << 8));
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i) scale_dst[i] = sf[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// One thread's work item: kBlocks blocks of one (row, head) for K and V (pair mode) or for one of them.
+
+struct Item {
+  int64_t row;
+  uint32_t head;
+  uint32_t column;  // first value of the item's blocks in the head row
+  bool is_value;    // split mode: the item is V (else K)
+};
+
+template <bool kSplit, int kBlocks>
+__device__ __forceinline__ Item locate(uint32_t item, const LaunchArgs& a) {
+  Item it;
+  const uint32_t row_in_launch = a.items_per_row.div(item);
+  uint32_t in_row = item - row_in_launch * a.items_per_row.d;
+  it.is_value = false;
+  if constexpr (kSplit) {
+    it.is_value = a.items_per_tensor.div(in_row) != 0;
+    in_row -= it.is_value ? a.items_per_tensor.d : 0;
+  }
+  it.head = a.groups_per_head.div(in_row);
+  const uint32_t group = in_row - it.head * a.groups_per_head.d;
+  it.row = a.row_begin + row_in_launch;
+  it.column = group * kBlocks * codec::kBlockSize;
+  return it;
+}
+
+// The item's input words: blocks [0, kBlocks) are K (or the split tensor), the rest V.
+template <int kBlocks, bool kVector, bool kSplit>
+__device__ __forceinline__ void load_item(const AppendParams& p, const Item& it, uint32_t* w) {
+  const RowsView& first = it.is_value ? p.value : p.key;
+  load_values<kBlocks, kVector>(first.data + it.row * first.row_stride + it.head * first.head_stride + it.column, w);
+  if constexpr (!kSplit) {
+    load_values<kBlocks, kVector>(p.value.data + it.row * p.value.row_stride + it.head * p.value.head_stride +
+                                      it.column,
+                                  w + 8 * kBlocks);
+  }
+}
+
+// The quantized blocks of one item: kN = kBlocks (split mode) or 2 kBlocks (K then V).
+template <int kN>
+struct Quantized {
+  uint2 data[kN];
+  uint8_t sf[kN];
+  float k_scale;  // the item's first tensor's global scale (K, or the split item's tensor)
+  float v_scale;
+};
+
+// Quantize an item. `reciprocal` is the CTA's table pair when kTables (split mode computes
+// 1 / (sf * s) per block: one block per thread gains nothing from a table).
+template <bool kBF16, int kBlocks, bool kSplit, bool kFourOverSix, bool kTables>
+__device__ __forceinline__ Quantized<kSplit ? kBlocks : 2 * kBlocks> quantize_item(
+    const AppendParams& p, const Item& it, const uint32_t* w,
+    const float (*reciprocal)[block_quantizer::kReciprocalTableSize]) {
+  constexpr int kN = kSplit ? kBlocks : 2 * kBlocks;
+  Quantized<kN> q;
+  q.k_scale = global_scale(p, it.is_value);  // split mode: the item's tensor
+  q.v_scale = global_scale(p, true);
+  if constexpr (kFourOverSix) {  // the optional 4-over-6 recipe: the codec's own code, block by block
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      q.sf[i] = block_quantizer::quantize_block_four_over_six<kBF16>(
+          make_uint4(w[8 * i], w[8 * i + 1], w[8 * i + 2], w[8 * i + 3]),
+          make_uint4(w[8 * i + 4], w[8 * i + 5], w[8 * i + 6], w[8 * i + 7]), i < kBlocks ? q.k_scale : q.v_scale,
+          q.data[i]);
+    }
+  } else {
+    float s[kN], six_s[kN];
+    const float* tables[kN];
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      s[i] = i < kBlocks ? q.k_scale : q.v_scale;
+      six_s[i] = codec::kE2M1MaxValue * s[i];  // SPEC step 3: 6 * s rounded first
+      tables[i] = kTables ? reciprocal[i < kBlocks ? it.is_value : true] : nullptr;
+    }
+    block_quantizer::quantize_blocks<kBF16, kN, kTables>(w, s, six_s, tables, q.data, q.sf);
+  }
+  return q;
+}
+
+// Store an item once its target is known. A device scale that is not positive and finite leaves its
+// K or V rows untouched.
+template <bool kVector, int kBlocks, bool kSplit, int kN>
+__device__ __forceinline__ void store_item(const AppendParams& p, const LaunchArgs& a, const Item& it,
+                                           const Quantized<kN>& q, const Target& target) {
+  if (!finish_target(p, target)) return;
+  if (usable_global_scale(q.k_scale)) {
+    store_tensor<kBlocks, kVector>(q.data, q.sf, it.is_value ? p.v_data : p.k_data,
+                                   it.is_value ? p.v_scales : p.k_scales, it.is_value && p.v_scales_trtllm, target,
+                                   it.head, it.column, a);
+  }
+  if constexpr (!kSplit) {
+    if (usable_global_scale(q.v_scale)) {
+      store_tensor<kBlocks, kVector>(q.data + kBlocks, q.sf + kBlocks, p.v_data, p.v_scales, p.v_scales_trtllm,
+                                     target, it.head, it.column, a);
     }
   }
 }
 
-template <bool kAligned>
-__device__ __forceinline__ void store_block(const float (&x)[codec::kBlockSize], float global_scale,
-                                            uint8_t* data, uint8_t* scale) {
-  uint64_t packed;
-  *scale = codec::quantize_block(x, global_scale, packed);
-  if constexpr (kAligned) {
-    *reinterpret_cast<uint2*>(data) = make_uint2(uint32_t(packed), uint32_t(packed >> 32));
-  } else {
-#pragma unroll
-    for (int k = 0; k < codec::kBlockBytes; ++k) data[k] = uint8_t(packed >> (8 * k));
+// SPEC step 5 as tables, one per global scale: reciprocal[t][byte] = 1 / (float(byte) * s_t) or 0.
+// Every thread of the CTA writes one entry; the caller syncs before use.
+__device__ __forceinline__ void fill_reciprocal_tables(const AppendParams& p,
+                                                       float (*reciprocal)[block_quantizer::kReciprocalTableSize]) {
+  static_assert(kThreads == 2 * block_quantizer::kReciprocalTableSize, "one table entry per thread");
+  const bool value = threadIdx.x >= block_quantizer::kReciprocalTableSize;
+  const uint32_t byte = threadIdx.x % block_quantizer::kReciprocalTableSize;
+  reciprocal[value][byte] = block_quantizer::reciprocal_entry(uint8_t(byte), global_scale(p, value));
+}
+
+// One item per thread. The loads that start the two chains (inputs; the row's index values) go out
+// first, then the tables are filled while they are in flight.
+template <bool kBF16, bool kVector, int kBlocks, bool kSplit, typename Index, bool kFourOverSix>
+__global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ? 1 : 4)  // pair: 64 registers
+    append_paged_kv_cache_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
+  constexpr bool kTables = !kSplit && !kFourOverSix;
+  __shared__ float reciprocal[kTables ? 2 : 1][block_quantizer::kReciprocalTableSize];
+  const uint32_t index = blockIdx.x * kThreads + threadIdx.x;
+  const bool active = index < a.items;
+  const Item it = locate<kSplit, kBlocks>(index, a);
+  uint32_t w[8 * (kSplit ? kBlocks : 2 * kBlocks)];
+  RowIndices r{};
+  if (active) {
+    load_item<kBlocks, kVector, kSplit>(p, it, w);
+    r = load_row_indices<Index>(p, a, it.row);
   }
+  if constexpr (kTables) {
+    fill_reciprocal_tables(p, reciprocal);
+    __syncthreads();
+  }
+  if (!active) return;
+  const Target target = start_target<Index>(p, a, it.row, r);
+  const auto q = quantize_item<kBF16, kBlocks, kSplit, kFourOverSix, kTables>(p, it, w, reciprocal);
+  store_item<kVector, kBlocks, kSplit>(p, a, it, q, target);
 }
 
-template <bool kBF16, bool kAligned>
-__global__ void __launch_bounds__(kThreads)
-    append_paged_kv_cache_kernel(const __grid_constant__ AppendParams p, uint32_t blocks_per_row,
-                                 uint32_t num_heads, uint32_t total_blocks) {
-  const uint32_t item = blockIdx.x * kThreads + threadIdx.x;
-  if (item >= total_blocks) return;
-  const uint32_t block = item % blocks_per_row;
-  const uint32_t row_head = item / blocks_per_row;
-  const uint32_t head = row_head % num_heads;
-  const uint32_t row = row_head / num_heads;
-  const int64_t column = int64_t(block) * codec::kBlockSize;
+// Pair mode for calls with at least kMinItemsPerRowForSharedChain threads per row, so that a CTA
+// spans at most 32 rows: warp 0 resolves the index chain of every row of the CTA, one row per lane,
+// while the other warps quantize; they meet at a named barrier before the stores. The chain then
+// costs one warp's instructions per CTA instead of one per warp, and only warp 0 waits for it.
+constexpr uint32_t kMinItemsPerRowForSharedChain = 9;  // rows per CTA <= 255 / 9 + 2 = 30
 
-  float k[codec::kBlockSize], v[codec::kBlockSize];
-  load_block<kBF16, kAligned>(p.key.data + row * p.key.row_stride + head * p.key.head_stride + column, k);
-  load_block<kBF16, kAligned>(p.value.data + row * p.value.row_stride + head * p.value.head_stride + column, v);
+template <bool kBF16, int kBlocks, typename Index>
+__global__ void __launch_bounds__(kThreads, 4)  // 64 registers
+    append_paged_kv_cache_pair_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
+  __shared__ float reciprocal[2][block_quantizer::kReciprocalTableSize];
+  __shared__ Target targets[32];
+  const uint32_t first_item = blockIdx.x * kThreads;
+  const uint32_t first_row = a.items_per_row.div(first_item);
+  const uint32_t index = first_item + threadIdx.x;
+  const bool active = index < a.items;
+  const Item it = locate<false, kBlocks>(index, a);
+  uint32_t w[16 * kBlocks];
+  if (active) load_item<kBlocks, true, false>(p, it, w);
 
-  int64_t page, entry;
-  if (!resolve_row_target(p, row, page, entry)) return;
-  store_block<kAligned>(k, p.k_scale, p.k_data.at(page, entry, head) + block * codec::kBlockBytes,
-                        p.k_scales.at(page, entry, head) + block);
-  store_block<kAligned>(v, p.v_scale, p.v_data.at(page, entry, head) + block * codec::kBlockBytes,
-                        p.v_scales.at(page, entry, head) + block);
+  const bool chain_warp = threadIdx.x < 32;
+  const uint32_t last_item = (a.items - first_item < kThreads ? a.items : first_item + kThreads) - 1;
+  const uint32_t rows = a.items_per_row.div(last_item) - first_row + 1;
+  const int64_t chain_row = a.row_begin + first_row + threadIdx.x;
+  RowIndices r{};
+  if (chain_warp && threadIdx.x < rows) r = load_row_indices<Index>(p, a, chain_row);
+  fill_reciprocal_tables(p, reciprocal);
+  __syncthreads();  // the tables are complete
+
+  if (chain_warp) {
+    if (threadIdx.x < rows) targets[threadIdx.x] = start_target<Index>(p, a, chain_row, r);
+    __syncwarp();
+    asm volatile("bar.arrive 1, %0;" ::"n"(kThreads) : "memory");  // targets published
+  }
+  Quantized<2 * kBlocks> q;
+  if (active) q = quantize_item<kBF16, kBlocks, false, false, true>(p, it, w, reciprocal);
+  if (!chain_warp) asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // wait for the targets
+  if (active) store_item<true, kBlocks, false>(p, a, it, q, targets[it.row - a.row_begin - first_row]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
 
 bool aligned(const void* ptr, int64_t alignment) { return reinterpret_cast<uintptr_t>(ptr) % alignment == 0; }
 
-// 16-byte input loads and 8-byte packed stores need every base pointer and stride to allow them.
-bool vector_access_ok(const AppendParams& p) {
-  auto rows_ok = [](const RowsView& r) {
-    return aligned(r.data, 16) && (r.row_stride * 2) % 16 == 0 && (r.head_stride * 2) % 16 == 0;
-  };
-  auto cache_ok = [](const CacheView& c) {
-    return aligned(c.data, 8) && c.page_stride % 8 == 0 && c.entry_stride % 8 == 0 && c.head_stride % 8 == 0;
-  };
-  return rows_ok(p.key) && rows_ok(p.value) && cache_ok(p.k_data) && cache_ok(p.v_data);
+bool rows_aligned(const RowsView& r, int64_t bytes) {
+  return aligned(r.data, bytes) && (r.row_stride * 2) % bytes == 0 && (r.head_stride * 2) % bytes == 0;
+}
+
+bool cache_aligned(const CacheView& c, int64_t bytes) {
+  return aligned(c.data, bytes) && c.page_stride % bytes == 0 && c.entry_stride % bytes == 0 &&
+         c.head_stride % bytes == 0;
+}
+
+// Calls with at most this many blocks per tensor (nnz * heads * head_dim / 16) run in split mode:
+// up to about one wave of 1-block threads on a large GPU, where latency, not bandwidth, decides.
+constexpr int64_t kSplitModeMaxBlocks = int64_t(1) << 16;
+
+enum class Mode { kScalar, kSplit, kPair };
+
+struct Plan {
+  Mode mode;
+  int blocks;  // per thread and tensor
+};
+
+// NVFP4KV_KERNEL=pair|oneshot|split forces a mode for vector-aligned calls (a tuning aid for the
+// benchmark; "oneshot" is pair mode without the shared index chain).
+enum Forced { kAuto = 0, kForcePair = 1, kForceSplit = 2, kForceOneShot = 3 };
+
+int forced_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("NVFP4KV_KERNEL");
+    if (v == nullptr) return int(kAuto);
+    if (std::strcmp(v, "pair") == 0) return int(kForcePair);
+    if (std::strcmp(v, "split") == 0) return int(kForceSplit);
+    if (std::strcmp(v, "oneshot") == 0) return int(kForceOneShot);
+    return int(kAuto);
+  }();
+  return mode;
+}
+
+template <bool kBF16, bool kVector, int kBlocks, bool kSplit, typename Index, bool kFourOverSix = false>
+void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
+  const uint32_t per_row = a.items_per_row.d;
+  const int64_t rows_per_launch = ((int64_t(1) << 31) - kThreads) / per_row;
+  for (int64_t row = 0; row < p.nnz; row += rows_per_launch) {
+    const int64_t rows = p.nnz - row < rows_per_launch ? p.nnz - row : rows_per_launch;
+    a.row_begin = row;
+    a.items = uint32_t(rows * per_row);
+    const dim3 grid((a.items + kThreads - 1) / kThreads);
+    if constexpr (kVector && !kSplit && !kFourOverSix) {
+      if (per_row >= kMinItemsPerRowForSharedChain && forced_mode() != kForceOneShot) {
+        append_paged_kv_cache_pair_kernel<kBF16, kBlocks, Index><<<grid, kThreads, 0, stream>>>(p, a);
+        continue;
+      }
+    }
+    append_paged_kv_cache_kernel<kBF16, kVector, kBlocks, kSplit, Index, kFourOverSix>
+        <<<grid, kThreads, 0, stream>>>(p, a);
+  }
+}
+
+template <bool kBF16, typename Index>
+void launch_plan(const AppendParams& p, const LaunchArgs& a, const Plan& plan, cudaStream_t stream) {
+  if (p.four_over_six) {  // the optional recipe: one generic kernel per dtype and alignment
+    if (plan.mode == Mode::kScalar) launch_rows<kBF16, false, 1, false, void, true>(p, a, stream);
+    else launch_rows<kBF16, true, 1, true, void, true>(p, a, stream);
+    return;
+  }
+  switch (plan.mode) {
+    case Mode::kScalar: launch_rows<kBF16, false, 1, false, void>(p, a, stream); break;
+    case Mode::kSplit: launch_rows<kBF16, true, 1, true, Index>(p, a, stream); break;
+    case Mode::kPair:
+      if (plan.blocks == 2) launch_rows<kBF16, true, 2, false, Index>(p, a, stream);
+      else launch_rows<kBF16, true, 1, false, Index>(p, a, stream);
+      break;
+  }
+}
+
+template <bool kBF16>
+void launch_index(const AppendParams& p, const LaunchArgs& a, const Plan& plan, cudaStream_t stream) {
+  // One load per index element when every index tensor the call reads has the same dtype.
+  const bool slot_mapping = p.slot_mapping.data != nullptr;
+  const bool all64 = slot_mapping ? p.slot_mapping.is_int64
+                                  : p.batch_indices.is_int64 && p.positions.is_int64 && p.kv_indptr.is_int64 &&
+                                        p.kv_indices.is_int64;
+  const bool all32 = slot_mapping ? !p.slot_mapping.is_int64
+                                  : !p.batch_indices.is_int64 && !p.positions.is_int64 && !p.kv_indptr.is_int64 &&
+                                        !p.kv_indices.is_int64;
+  if (all32) launch_plan<kBF16, int32_t>(p, a, plan, stream);
+  else if (all64) launch_plan<kBF16, int64_t>(p, a, plan, stream);
+  else launch_plan<kBF16, void>(p, a, plan, stream);
 }
 
 }  // namespace
 
 int launch_append_paged_kv_cache(const AppendParams& p, void* stream, const char** error_string) {
-  const uint64_t blocks_per_row = uint64_t(p.head_dim) / codec::kBlockSize;
-  const uint64_t total = uint64_t(p.nnz) * uint64_t(p.num_heads) * blocks_per_row;
-  if (total == 0) return 0;
-  const dim3 grid(uint32_t((total + kThreads - 1) / kThreads));
-  const auto s = static_cast<cudaStream_t>(stream);
-  const bool vectorized = vector_access_ok(p);
-  const uint32_t args[3] = {uint32_t(blocks_per_row), uint32_t(p.num_heads), uint32_t(total)};
-  if (p.input_is_bf16) {
-    if (vectorized) append_paged_kv_cache_kernel<true, true><<<grid, kThreads, 0, s>>>(p, args[0], args[1], args[2]);
-    else append_paged_kv_cache_kernel<true, false><<<grid, kThreads, 0, s>>>(p, args[0], args[1], args[2]);
-  } else {
-    if (vectorized) append_paged_kv_cache_kernel<false, true><<<grid, kThreads, 0, s>>>(p, args[0], args[1], args[2]);
-    else append_paged_kv_cache_kernel<false, false><<<grid, kThreads, 0, s>>>(p, args[0], args[1], args[2]);
+  *error_string = "";
+  // When no row can land anywhere there is nothing to do (and the index clamps need non-empty tensors).
+  const bool slot_mapping = p.slot_mapping.data != nullptr;
+  if (p.nnz == 0 || p.num_pages == 0) return 0;
+  if (!slot_mapping && (p.batch_size == 0 || p.kv_indices.size == 0)) return 0;
+
+  const int64_t blocks_per_row = p.head_dim / codec::kBlockSize;
+  const int64_t total_blocks = p.nnz * p.num_heads * blocks_per_row;
+  // 16-byte input loads and 8-byte packed stores need every base pointer and stride to allow them.
+  const bool vector = rows_aligned(p.key, 16) && rows_aligned(p.value, 16) && cache_aligned(p.k_data, 8) &&
+                      cache_aligned(p.v_data, 8);
+  Plan plan{Mode::kScalar, 1};
+  if (vector) {
+    const int forced = forced_mode();
+    const bool split = p.four_over_six || forced == kForceSplit ||
+                       (forced == kAuto && total_blocks <= kSplitModeMaxBlocks);
+    plan = split ? Plan{Mode::kSplit, 1} : Plan{Mode::kPair, blocks_per_row % 2 == 0 ? 2 : 1};
   }
+  const int64_t groups = blocks_per_row / plan.blocks;
+  const int64_t items_per_tensor = groups * p.num_heads;
+  const int64_t items_per_row = plan.mode == Mode::kSplit ? 2 * items_per_tensor : items_per_tensor;
+  if (items_per_row >= (int64_t(1) << 31) - kThreads) {
+    *error_string = "num_kv_heads * head_dim is too large for the CUDA kernel";
+    return int(cudaErrorInvalidValue);
+  }
+  LaunchArgs a{};
+  a.items_per_row = Divisor::make(uint32_t(items_per_row));
+  a.items_per_tensor = Divisor::make(uint32_t(items_per_tensor));
+  a.groups_per_head = Divisor::make(uint32_t(groups));
+  a.blocks_per_row = Divisor::make(uint32_t(blocks_per_row));
+  const bool small_pages = p.page_size < (int64_t(1) << 31);
+  a.page_size = Divisor::make(small_pages ? uint32_t(p.page_size) : 1u);
+  a.quotient_limit = small_pages ? uint64_t(1) << 31 : 0;
+  a.speculate_batch = !slot_mapping && p.nnz == p.batch_size;
+  a.store16 = plan.blocks >= 2 && cache_aligned(p.k_data, 16) && cache_aligned(p.v_data, 16);
+  a.scale_store16 =
+      plan.blocks >= 2 && cache_aligned(p.k_scales, 2) && cache_aligned(p.v_scales, 2) && !p.v_scales_trtllm;
+
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (p.input_is_bf16) launch_index<true>(p, a, plan, s);
+  else launch_index<false>(p, a, plan, s);
   const cudaError_t error = cudaGetLastError();
   *error_string = cudaGetErrorString(error);
   return int(error);

@@ -1,0 +1,208 @@
+// Exhaustive checks of the GPU quantization path against the codec and the spec (run on a GPU machine
+// by tests/gpu/run_device.sh; `--host` runs the host part, 2^32 values on one CPU core, ~40 s).
+//
+//   1. codec::e2m1_code (the "code float" formulation, device-compiled) equals SPEC step 6 written
+//      literally, for every fp32 y; and the kernel's unsaturated path (|y| < 7) equals it too.
+//   2. block_quantizer::scale_byte (the sm_89+ hardware conversion) equals
+//      codec::e4m3_from_nonnegative for every non-negative fp32 and +inf.
+//   3. block_quantizer::scale_value equals codec::e4m3_to_float for every finite scale byte.
+//   4. block_quantizer::quantize_blocks equals codec::quantize_block on random blocks with zeros,
+//      subnormals, infinities, NaNs and outliers, for bf16 and fp16 and global scales from 1e-38 to 1e38.
+//
+// Build: nvcc -std=c++17 -O3 -arch=sm_90 --fmad=false --prec-div=true --ftz=false
+//        -Icpp/include -Icpp/src tests/gpu/codec_check.cu -o codec_check
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/block_quantizer.cuh"
+
+using namespace nvfp4kv;
+
+#define CHECK_CUDA(call)                                                                        \
+  do {                                                                                          \
+    cudaError_t e = (call);                                                                     \
+    if (e != cudaSuccess) {                                                                     \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);     \
+      std::exit(2);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+// SPEC section 2, step 6, as written.
+__host__ __device__ uint8_t spec_e2m1_code(float y, float x) {
+  const float m = fabsf(y);
+  uint8_t c;
+  if (m != m) c = 7;
+  else if (m <= 0.25f) c = 0;
+  else if (m < 0.75f) c = 1;
+  else if (m <= 1.25f) c = 2;
+  else if (m < 1.75f) c = 3;
+  else if (m <= 2.5f) c = 4;
+  else if (m < 3.5f) c = 5;
+  else if (m <= 5.0f) c = 6;
+  else c = 7;
+  return uint8_t(c | (signbit(x) ? 8 : 0));
+}
+
+__global__ void check_e2m1(uint32_t high, unsigned long long* bad) {
+  const uint32_t bits = (high << 24) | (blockIdx.x * blockDim.x + threadIdx.x);
+  const float y = __uint_as_float(bits);
+  unsigned long long local = 0;
+  if (codec::e2m1_code(y, y) != spec_e2m1_code(y, y)) ++local;
+  const float u = fabsf(y);
+  if (u < 7.0f) {  // the kernel's unsaturated path: e2m1_code_float(|y|) without the clamp
+    const uint8_t code = uint8_t(__float_as_uint(codec::e2m1_code_float(u)) - codec::kCodeFloatZeroBits);
+    if (code != (spec_e2m1_code(y, y) & 7)) ++local;
+  }
+  if (local) atomicAdd(bad, local);
+}
+
+__global__ void check_e4m3(uint32_t high, unsigned long long* bad) {
+  const uint32_t bits = (high << 24) | (blockIdx.x * blockDim.x + threadIdx.x);
+  if (bits > 0x7F800000u) return;  // non-negative fp32 up to +inf; NaN is never rounded
+  const float t = __uint_as_float(bits);
+  if (block_quantizer::scale_byte(t) != codec::e4m3_from_nonnegative(t)) atomicAdd(bad, 1ull);
+}
+
+__global__ void check_scale_values(unsigned long long* bad) {
+  const uint8_t byte = uint8_t(threadIdx.x);
+  if (byte >= 0x7F) return;
+  if (__float_as_uint(block_quantizer::scale_value(byte)) != __float_as_uint(codec::e4m3_to_float(byte))) {
+    atomicAdd(bad, 1ull);
+  }
+}
+
+__device__ uint32_t hash(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// A 16-bit value of a random block: mostly normal numbers of one magnitude, with zeros, subnormals,
+// outliers, infinities and (rarely) NaNs.
+template <bool kBF16>
+__device__ uint16_t random_value(uint32_t h, uint32_t block_h) {
+  const uint32_t kind = h % 64;
+  const uint16_t sign = uint16_t((h >> 6) & 1) << 15;
+  const uint32_t mantissa = h >> 8;
+  const int exp_bits = kBF16 ? 8 : 5, man_bits = kBF16 ? 7 : 10;
+  const uint32_t max_exp = (1u << exp_bits) - 1;
+  uint32_t e = (block_h % (max_exp - 1)) + 1;  // the block's typical exponent
+  const uint32_t spread = (h >> 20) % 4;
+  e = e > spread ? e - spread : 1;
+  uint32_t m = mantissa & ((1u << man_bits) - 1);
+  if (kind == 0) return sign;                                           // +-0
+  if (kind == 1) return uint16_t(sign | m);                             // subnormal
+  if (kind == 2 && (block_h & 7) == 0) return uint16_t(sign | (max_exp << man_bits));  // +-inf
+  if (kind == 3 && (block_h & 31) == 0) return uint16_t(0x7FFF);        // NaN
+  if (kind == 4) e = e + 6 < max_exp ? e + 6 : max_exp - 1;             // outlier
+  if (kind == 5) e = max_exp - 1;                                       // largest binade
+  return uint16_t(sign | (e << man_bits) | m);
+}
+
+template <bool kBF16>
+__global__ void check_blocks(uint32_t seed, unsigned long long* bad, unsigned long long* nan_blocks) {
+  const uint32_t id = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t block_h = hash(id * 2654435761u + seed);
+  uint16_t values[16];
+  uint32_t w[8];
+  float x[16];
+  for (int j = 0; j < 16; ++j) {
+    values[j] = random_value<kBF16>(hash(block_h + 0x9e3779b9u * (j + 1)), block_h);
+    x[j] = kBF16 ? codec::bf16_bits_to_float(values[j]) : codec::fp16_bits_to_float(values[j]);
+  }
+  for (int i = 0; i < 8; ++i) w[i] = uint32_t(values[2 * i]) | (uint32_t(values[2 * i + 1]) << 16);
+  // Global scales over the whole positive fp32 range, biased toward ones that fit the data.
+  const uint32_t sh = hash(block_h ^ 0xabcdef01u);
+  float s;
+  if (sh % 4 == 0) {
+    s = __uint_as_float((sh >> 2) % 0x7F7FFFFFu + 1);  // any positive finite fp32, subnormals included
+  } else {
+    float amax = 0.0f;
+    for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    s = (amax > 0.0f && amax < 1e38f ? amax : 1.0f) / (6.0f * 448.0f) * (0.25f + float(sh % 1024) / 256.0f);
+    if (!(s > 0.0f)) s = 1.0f;
+  }
+  // Every thread of the check has its own s, so it builds its own table.
+  float my_table[block_quantizer::kReciprocalTableSize];
+  for (int b = 0; b < block_quantizer::kReciprocalTableSize; ++b) {
+    my_table[b] = block_quantizer::reciprocal_entry(uint8_t(b), s);
+  }
+  const float six_s = 6.0f * s;
+  const float* tables[1] = {my_table};
+  uint2 data[1];
+  uint8_t sf[1];
+  if (id & 1) {  // the table path and the direct path
+    block_quantizer::quantize_blocks<kBF16, 1, true>(w, &s, &six_s, tables, data, sf);
+  } else {
+    block_quantizer::quantize_blocks<kBF16, 1, false>(w, &s, &six_s, tables, data, sf);
+  }
+  uint64_t expected_packed;
+  const uint8_t expected_sf = codec::quantize_block(x, s, expected_packed);
+  const uint64_t packed = uint64_t(data[0].x) | (uint64_t(data[0].y) << 32);
+  if (packed != expected_packed || sf[0] != expected_sf) {
+    const unsigned long long n = atomicAdd(bad, 1ull);
+    if (n < 4) {
+      printf("block mismatch (%s): s=%a sf %02x vs %02x data %016llx vs %016llx\n", kBF16 ? "bf16" : "fp16", s,
+             sf[0], expected_sf, (unsigned long long)packed, (unsigned long long)expected_packed);
+    }
+  }
+  if (expected_sf == codec::kE4M3NaN) atomicAdd(nan_blocks, 1ull);
+}
+
+uint64_t host_e2m1_mismatches() {
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < (uint64_t(1) << 32); ++i) {
+    float y;
+    const uint32_t bits = uint32_t(i);
+    std::memcpy(&y, &bits, 4);
+    if (codec::e2m1_code(y, y) != spec_e2m1_code(y, y)) ++bad;
+  }
+  return bad;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--host") == 0) {
+    const uint64_t bad = host_e2m1_mismatches();
+    std::printf("host e2m1_code vs spec, all 2^32 fp32: %llu mismatches\n", (unsigned long long)bad);
+    return bad ? 1 : 0;
+  }
+  unsigned long long* counters;
+  CHECK_CUDA(cudaMalloc(&counters, 8 * sizeof(unsigned long long)));
+  CHECK_CUDA(cudaMemset(counters, 0, 8 * sizeof(unsigned long long)));
+  unsigned long long *bad = counters, *aux = counters + 4;
+  for (uint32_t high = 0; high < 256; ++high) {
+    check_e2m1<<<1 << 16, 256>>>(high, bad + 0);
+    check_e4m3<<<1 << 16, 256>>>(high, bad + 1);
+  }
+  check_scale_values<<<1, 256>>>(bad + 2);
+  for (uint32_t round = 0; round < 16; ++round) {
+    check_blocks<true><<<4096, 256>>>(round * 7919u + 1, bad + 3, aux);
+    check_blocks<false><<<4096, 256>>>(round * 104729u + 2, bad + 3, aux + 1);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
+  unsigned long long host[8];
+  CHECK_CUDA(cudaMemcpy(host, counters, sizeof host, cudaMemcpyDeviceToHost));
+  bad = host;
+  aux = host + 4;
+  int device;
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  std::printf("device %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  std::printf("e2m1_code vs spec, all 2^32 fp32 (and the unsaturated path for |y| < 7): %llu mismatches\n", bad[0]);
+  std::printf("scale_byte vs codec::e4m3_from_nonnegative, all fp32 in [0, +inf]: %llu mismatches\n", bad[1]);
+  std::printf("scale_value vs codec::e4m3_to_float, bytes 0..0x7E: %llu mismatches\n", bad[2]);
+  std::printf("quantize_blocks vs codec::quantize_block, %d random blocks (%llu + %llu with NaN): %llu mismatches\n",
+              16 * 2 * 4096 * 256, aux[0], aux[1], bad[3]);
+  const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0;
+  std::printf(ok ? "codec_check: PASS\n" : "codec_check: FAIL\n");
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Everything the GPU machine has to run for the CUDA kernels, in one call, from the repository root:
+#
+#   tests/gpu/run_device.sh [STAGE...]      stages: install check test sanitize cuobjdump bench (default: all)
+#
+#   install    pip-install the wheel carried in .carry/ (built elsewhere: pip wheel --no-build-isolation
+#              --no-deps -w .carry .), or build from source when there is none
+#   check      build and run tests/gpu/codec_check.cu (exhaustive device checks of the quantizer)
+#   test       pytest: tests/test_cuda.py and every other test module (CPU tests included; PYTEST_TARGETS
+#              narrows it, e.g. PYTEST_TARGETS=tests/test_cuda.py)
+#   sanitize   compute-sanitizer memcheck and racecheck over tests/test_cuda.py (small grid, no
+#              torch.compile tests, no caching allocator so that every tensor is its own allocation);
+#              runs last, each tool under SANITIZE_TIMEOUT seconds (default 900)
+#   cuobjdump  the SASS/PTX listing of the installed library
+#   bench      python -m nvfp4kv.bench
+#
+# Logs, bench.json and bench.png go to $OUT (default ./device-out); a summary is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+STAGES=${*:-install check test sanitize cuobjdump bench}
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+declare -A RESULT
+
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+stage() {  # stage NAME LOG COMMAND...: run, tee to LOG, remember the exit status
+  local name=$1 log=$2
+  shift 2
+  echo "=== $name ($(date +%T))"
+  "$@" 2>&1 | tee "$log" | tail -n 25
+  RESULT[$name]=${PIPESTATUS[0]}
+}
+
+if has_stage install; then
+  install() {
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
+    $PY -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+    if ls .carry/*.whl >/dev/null 2>&1; then
+      $PY -m pip install -q --no-deps --force-reinstall .carry/*.whl
+    else
+      $PY -m pip install -q --no-build-isolation --no-deps .
+    fi
+    cd /tmp && $PY -c 'import nvfp4kv, torch; print("nvfp4kv", nvfp4kv.__version__, nvfp4kv.library.library_path(),
+                      "CUDA kernels:", nvfp4kv.library.has_cuda_kernels())'
+  }
+  stage install "$OUT/install.log" install
+fi
+
+if has_stage check; then
+  check() {
+    nvcc -std=c++17 -O3 -arch=sm_90 --fmad=false --prec-div=true --ftz=false -Icpp/include -Icpp/src \
+      tests/gpu/codec_check.cu -o /tmp/codec_check && /tmp/codec_check
+  }
+  stage check "$OUT/codec_check.log" check
+fi
+
+if has_stage test; then
+  # Run from the tests folder against the INSTALLED package (not python/ in the checkout).
+  # shellcheck disable=SC2086  # PYTEST_TARGETS is a list of paths/options
+  stage test "$OUT/pytest.log" $PY -m pytest ${PYTEST_TARGETS:-tests} -q -rs -p no:cacheprovider --rootdir=. \
+    --timeout=600
+fi
+
+
+if has_stage cuobjdump; then
+  cuobjdump_listing() {
+    local lib
+    lib=$(cd /tmp && $PY -c 'import nvfp4kv; print(nvfp4kv.library.library_path())')
+    cuobjdump --list-elf "$lib" && cuobjdump --list-ptx "$lib" || return 1
+    echo "--- resource usage (sm_90)"
+    cuobjdump --dump-resource-usage -arch sm_90 "$lib" 2>&1 | grep -E "Function|REG" | sed -E 's/_ZN7nvfp4kv[^ ]*(kernel[^ ]*)/\1/' \
+      | head -80 || true
+  }
+  stage cuobjdump "$OUT/cuobjdump.txt" cuobjdump_listing
+fi
+
+if has_stage bench; then
+  stage bench "$OUT/bench.log" bash -c "cd /tmp && $PY -m nvfp4kv.bench --out '$OUT'"
+  # Tuning runs, BENCH_MODES="MODE:FILTER ...": NVFP4KV_KERNEL=MODE forces one kernel mode for every
+  # aligned call, on the cases whose name contains FILTER (tables printed only).
+  for spec in ${BENCH_MODES:-}; do
+    mode=${spec%%:*} filter=${spec#*:}
+    echo "=== bench with NVFP4KV_KERNEL=$mode on '$filter'"
+    (cd /tmp && NVFP4KV_KERNEL=$mode $PY -m nvfp4kv.bench --only "$filter" --no-baseline --samples 20 \
+      --out "/tmp/bench-$mode" 2>/dev/null | sed -n '/^case/,/^$/p')
+  done
+fi
+
+if has_stage sanitize; then
+  sanitize() {
+    local tool=$1
+    NVFP4KV_TEST_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-900}" \
+      compute-sanitizer --tool "$tool" --error-exitcode 7 \
+      --print-limit 20 $PY -m pytest tests/test_cuda.py -q -p no:cacheprovider \
+      -k "not compiled and not first_call and not sass"
+  }
+  stage memcheck "$OUT/memcheck.log" sanitize memcheck
+  stage racecheck "$OUT/racecheck.log" sanitize racecheck
+fi
+
+echo "=== summary"
+for name in install check test memcheck racecheck cuobjdump bench; do
+  [[ -n "${RESULT[$name]+x}" ]] && echo "$name: exit ${RESULT[$name]}"
+done
+grep -hE "passed|failed|error" "$OUT/pytest.log" 2>/dev/null | tail -n 2
+grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
+grep -hE "PASS|FAIL" "$OUT/codec_check.log" 2>/dev/null | tail -n 1
+[[ -f "$OUT/bench.log" ]] && sed -n '/^device:/,$p' "$OUT/bench.log"
+exit 0
