@@ -151,6 +151,10 @@ class Case:
     head_dim: int
     layout: str
     tokens_per_request: int  # decode: 1
+    variant: str = "page_table"  # or "slot_mapping"
+    v_sf_layout: str = "linear"
+    scale_search: str = "none"
+    baseline: bool = True  # also time the pure-PyTorch baseline
 
     @property
     def bytes_moved(self) -> int:
@@ -165,6 +169,19 @@ def issue_cases() -> List[Case]:
         cases += [Case(f"prefill nnz={n} D=128 {layout}", "prefill", n, 128, layout, 1024)
                   for n in (4096, 16384, 65536)]
     cases += [Case(f"prefill nnz=16384 D={d} NHD", "prefill", 16384, d, "NHD", 1024) for d in (64, 256)]
+    # The slot-mapping variant (same targets as the page-table op).
+    cases += [Case(f"slots decode nnz={n}", "decode", n, 128, "NHD", 1, "slot_mapping", baseline=False) for n in (1, 64, 1024)]
+    cases += [Case(f"slots prefill nnz={n} D=128 NHD", "prefill", n, 128, "NHD", 1024, "slot_mapping",
+                   baseline=False)
+              for n in (16384, 65536)]
+    # The optional formats: trtllm V scales (within 5% of linear), 4-over-6 (>= 80% of the ceiling).
+    extra = dict(baseline=False)
+    cases += [Case("linear decode nnz=64 HND", "decode", 64, 128, "HND", 1, **extra),
+              Case("trtllm decode nnz=64 HND", "decode", 64, 128, "HND", 1, v_sf_layout="trtllm", **extra),
+              Case("trtllm prefill nnz=65536 D=128 HND", "prefill", 65536, 128, "HND", 1024, v_sf_layout="trtllm",
+                   **extra),
+              Case("4over6 prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, scale_search="4over6",
+                   **extra)]
     return cases
 
 
@@ -185,6 +202,7 @@ class InputSets:
                                 device="cuda").view(torch.float8_e4m3fn)
         self.v_sf = torch.zeros_like(self.k_sf)
         self.layout = case.layout
+        self.case = case
         self.sets = []
         # Decode rows land at the last slot of a random-length request; prefill rows fill whole requests.
         for i in range(count):
@@ -202,7 +220,9 @@ class InputSets:
                 positions = torch.arange(case.tokens_per_request, device="cuda").repeat(requests)
                 batch = torch.arange(requests, device="cuda").repeat_interleave(case.tokens_per_request)
             as32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
+            pages = page_ids[indptr[batch] + positions // PAGE_SIZE]
             self.sets.append(dict(key=key, value=value, batch_indices=as32(batch), positions=as32(positions),
+                                  slot_mapping=as32(pages * PAGE_SIZE + positions % PAGE_SIZE),
                                   kv_indices=as32(page_ids), kv_indptr=as32(indptr), kv_last_page_len=as32(last),
                                   k_scale=float(key.float().abs().max()) / (6 * 448),
                                   v_scale=float(value.float().abs().max()) / (6 * 448)))
@@ -210,10 +230,16 @@ class InputSets:
 
     def append(self, i: int) -> None:
         s = self.sets[i % len(self.sets)]
+        options = dict(v_sf_layout=self.case.v_sf_layout, scale_search=self.case.scale_search)
+        if self.case.variant == "slot_mapping":
+            nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+                s["key"], s["value"], s["slot_mapping"], (self.k_cache, self.v_cache), (self.k_sf, self.v_sf),
+                s["k_scale"], s["v_scale"], self.layout, **options)
+            return
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
             s["key"], s["value"], s["batch_indices"], s["positions"], (self.k_cache, self.v_cache),
             (self.k_sf, self.v_sf), s["kv_indices"], s["kv_indptr"], s["kv_last_page_len"], s["k_scale"],
-            s["v_scale"], self.layout)
+            s["v_scale"], self.layout, **options)
 
     def torch_baseline(self, i: int) -> None:
         """What a user without this library would write: quantize with tensor ops (the reference's
@@ -306,7 +332,7 @@ def run_case(case: Case, l2_bytes: int, ceiling: float, flusher: L2Flusher, args
         del graph
     bar.update(1)
 
-    if not args.no_baseline:
+    if not args.no_baseline and case.baseline:
         base_calls = 1 if case.nnz >= 4096 else 4
         times = time_samples(sets.torch_baseline, max(5, args.samples // 4), base_calls, warmup=2,
                              before_sample=flush)
@@ -414,6 +440,8 @@ def chart(report: dict, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(8, 5))
     series = {}
     for r in report["cases"]:
+        if r["name"].split()[0] in ("slots", "linear", "trtllm", "4over6"):
+            continue  # the chart shows the issue's base cases; the table has every case
         label = "decode" if r["kind"] == "decode" else f"prefill D={r['head_dim']} {r['layout']}"
         rate = r["kernel"]["gb_per_s"]
         series.setdefault(label, []).append((r["nnz"], rate))
@@ -444,7 +472,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--graph-launches", type=int, default=1024, help="decode launches per CUDA graph")
     parser.add_argument("--no-baseline", action="store_true", help="skip the pure-PyTorch baseline")
     parser.add_argument("--only", default="", help="run the cases whose name contains this text")
+    parser.add_argument("--accuracy", action="store_true",
+                        help="also write the accuracy report of plain vs 4-over-6 scales (accuracy.json/png)")
     args = parser.parse_args(argv)
+    if args.accuracy:
+        from . import accuracy
+        print(accuracy.write_report(args.out, "cuda" if torch.cuda.is_available() else "cpu"))
     if not torch.cuda.is_available() or not nvfp4kv.library.has_cuda_kernels():
         print("nvfp4kv.bench needs a CUDA GPU and a build with the CUDA kernels", file=sys.stderr)
         return 2

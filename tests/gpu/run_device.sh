@@ -8,7 +8,8 @@
 #   check      build and run tests/gpu/codec_check.cu (exhaustive device checks of the quantizer)
 #   test       pytest: tests/test_cuda.py and every other test module (CPU tests included; PYTEST_TARGETS
 #              narrows it, e.g. PYTEST_TARGETS=tests/test_cuda.py)
-#   sanitize   compute-sanitizer memcheck and racecheck over tests/test_cuda.py (small grid, no
+#   sanitize   compute-sanitizer memcheck and racecheck over tests/test_cuda.py and the CUDA fuzz tests of
+#              tests/test_fuzz.py (NVFP4KV_FUZZ_EXAMPLES cases each; small grid, no
 #              torch.compile tests, no caching allocator so that every tensor is its own allocation);
 #              runs last, each tool under SANITIZE_TIMEOUT seconds (default 900)
 #   cuobjdump  the SASS/PTX listing of the installed library
@@ -77,7 +78,7 @@ if has_stage cuobjdump; then
 fi
 
 if has_stage bench; then
-  stage bench "$OUT/bench.log" bash -c "cd /tmp && $PY -m nvfp4kv.bench --out '$OUT'"
+  stage bench "$OUT/bench.log" bash -c "cd /tmp && $PY -m nvfp4kv.bench --accuracy --out '$OUT'"
   # Tuning runs, BENCH_MODES="MODE:FILTER ...": NVFP4KV_KERNEL=MODE forces one kernel mode for every
   # aligned call, on the cases whose name contains FILTER (tables printed only).
   for spec in ${BENCH_MODES:-}; do
@@ -93,8 +94,8 @@ if has_stage sanitize; then
     local tool=$1
     NVFP4KV_TEST_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-900}" \
       compute-sanitizer --tool "$tool" --error-exitcode 7 \
-      --print-limit 20 $PY -m pytest tests/test_cuda.py -q -p no:cacheprovider \
-      -k "not compiled and not first_call and not sass"
+      --print-limit 20 $PY -m pytest tests/test_cuda.py tests/test_fuzz.py -q -p no:cacheprovider \
+      -k "not compiled and not first_call and not sass and not cpu"
   }
   stage memcheck "$OUT/memcheck.log" sanitize memcheck
   stage racecheck "$OUT/racecheck.log" sanitize racecheck
