@@ -15,17 +15,18 @@ import torch
 
 from . import fake
 
-_enabled = os.environ.get("NVFP4KV_DEBUG", "0") not in ("", "0", "false", "False")
+# Read by the API on every call (a plain module attribute, the cheapest check).
+ENABLED = os.environ.get("NVFP4KV_DEBUG", "0") not in ("", "0", "false", "False")
 
 
 def set_debug_checks(enabled: bool) -> None:
     """Turns host-side validation of index data and tensor scales on or off for every append."""
-    global _enabled
-    _enabled = bool(enabled)
+    global ENABLED
+    ENABLED = bool(enabled)
 
 
 def enabled() -> bool:
-    return _enabled
+    return ENABLED
 
 
 def _refuse_during_capture(op: str) -> None:

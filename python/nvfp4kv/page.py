@@ -25,18 +25,20 @@ def _split_cache(cache: Cache, name: str) -> Tuple[torch.Tensor, Optional[torch.
 Scale = Union[float, torch.Tensor]
 
 
-def _split_scale(scale: Scale) -> Tuple[float, Optional[torch.Tensor]]:
-    """A float scale goes to the op as a float (validated on the host); a [1] float32 tensor is read
-    on the device by the kernel (no synchronisation, so a captured graph sees later values)."""
-    return (1.0, scale) if isinstance(scale, torch.Tensor) else (scale, None)
+def _op_arguments(paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_scale: Scale) -> tuple:
+    """(k_cache, v_cache, k_cache_sf, v_cache_sf, k_scale, v_scale, k_scale_tensor, v_scale_tensor) as the
+    ops take them. Kept flat and branch-light: it runs on every decode step of every layer."""
+    k_cache, v_cache = (paged_kv_cache, None) if type(paged_kv_cache) is torch.Tensor else \
+        _split_cache(paged_kv_cache, "paged_kv_cache")
+    k_sf, v_sf = (kv_cache_sf, None) if type(kv_cache_sf) is torch.Tensor else _split_cache(kv_cache_sf, "kv_cache_sf")
+    k_tensor = k_scale if isinstance(k_scale, torch.Tensor) else None
+    v_tensor = v_scale if isinstance(v_scale, torch.Tensor) else None
+    return (k_cache, v_cache, k_sf, v_sf, 1.0 if k_tensor is not None else k_scale,
+            1.0 if v_tensor is not None else v_scale, k_tensor, v_tensor)
 
 
-def _op_arguments(paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_scale: Scale):
-    """The caches and scales as the ops take them: (k, v, k_sf, v_sf), float scales, tensor scales."""
-    k_cache, v_cache = _split_cache(paged_kv_cache, "paged_kv_cache")
-    k_cache_sf, v_cache_sf = _split_cache(kv_cache_sf, "kv_cache_sf")
-    (k_value, k_tensor), (v_value, v_tensor) = _split_scale(k_scale), _split_scale(v_scale)
-    return (k_cache, v_cache, k_cache_sf, v_cache_sf), (k_value, v_value), (k_tensor, v_tensor)
+_APPEND = torch.ops.nvfp4kv.append_paged_kv_cache.default
+_APPEND_WITH_SLOT_MAPPING = torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping.default
 
 
 def nvfp4_quantize_append_paged_kv_cache(
@@ -69,14 +71,14 @@ def nvfp4_quantize_append_paged_kv_cache(
     v_sf_layout: "linear" (FA2/XQA kernels) or "trtllm" (V scales 4-token interleaved, for trtllm-gen).
     scale_search: "none" (SPEC) or "4over6" (per block, the 4-targeted scale when it has less error).
     """
-    (k_cache, v_cache, k_cache_sf, v_cache_sf), (k_scale_value, v_scale_value), (k_scale_tensor, v_scale_tensor) = \
-        _op_arguments(paged_kv_cache, kv_cache_sf, k_scale, v_scale)
-    args = (append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
-            kv_indices, kv_indptr, kv_last_page_len, k_scale_value, v_scale_value, kv_layout, k_scale_tensor,
-            v_scale_tensor, v_sf_layout, scale_search)
-    if debug_checks.enabled():
-        debug_checks.check_append(*args)
-    torch.ops.nvfp4kv.append_paged_kv_cache(*args)
+    k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
+        paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+    if debug_checks.ENABLED:
+        debug_checks.check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf,
+                                  kv_indices, kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor,
+                                  v_tensor, v_sf_layout, scale_search)
+    _APPEND(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices, kv_indptr,
+            kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
 
 
 def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
@@ -98,13 +100,14 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     slot_mapping[i] // page_size, entry slot_mapping[i] % page_size. Negative slots are padding
     (skipped), and so are slots at or beyond max_num_pages * page_size. Rows past n are ignored.
     """
-    (k_cache, v_cache, k_cache_sf, v_cache_sf), (k_scale_value, v_scale_value), (k_scale_tensor, v_scale_tensor) = \
-        _op_arguments(paged_kv_cache, kv_cache_sf, k_scale, v_scale)
-    args = (append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf, v_cache_sf, k_scale_value,
-            v_scale_value, kv_layout, k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
-    if debug_checks.enabled():
-        debug_checks.check_append_with_slot_mapping(*args)
-    torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping(*args)
+    k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
+        paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+    if debug_checks.ENABLED:
+        debug_checks.check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf,
+                                                    v_sf, k_value, v_value, kv_layout, k_tensor, v_tensor,
+                                                    v_sf_layout, scale_search)
+    _APPEND_WITH_SLOT_MAPPING(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value, v_value,
+                              kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
