@@ -127,25 +127,33 @@ def test_large_prefill_kernels(head_dim, num_heads, batch_size, max_tokens, dtyp
 
 def test_every_forced_kernel_mode():
     """NVFP4KV_KERNEL (a tuning aid read once per process) forces a kernel for every aligned call:
-    each mode must give the CPU's bytes on decode and prefill cases."""
+    each mode must give the CPU's bytes on decode and prefill cases, with each recipe and V-scale layout
+    (the last case is large enough for the pair kernel in auto mode too)."""
     code = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(TESTS_DIR)!r})
         import nvfp4kv
         from append_cases import make_append_case, cache_bytes
+        formats = ({{}}, dict(scale_search="4over6"), dict(v_sf_layout="trtllm", scale_search="4over6"))
         for kw in (dict(decode=True, batch_size=9), dict(batch_size=4, max_tokens=300),
                    dict(batch_size=3, head_dim=48, max_tokens=200, layout="HND"),
-                   dict(batch_size=3, head_dim=64, num_heads=1, max_tokens=200, stacked=True)):
-            case = make_append_case(seed=7, **kw)
-            gpu, cpu = case.to("cuda"), case.cloned()
-            nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*gpu.args())
-            nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*cpu.args())
-            torch.cuda.synchronize()
-            for name in ("paged_kv_cache", "kv_cache_sf"):
-                assert torch.equal(cache_bytes(getattr(gpu, name)), cache_bytes(getattr(cpu, name))), (kw, name)
+                   dict(batch_size=3, head_dim=64, num_heads=1, max_tokens=200, stacked=True),
+                   dict(batch_size=8, num_heads=8, head_dim=128, max_tokens=400, seed=8)):
+            for options in formats if kw.get("head_dim", 64) % 64 == 0 else formats[:2]:
+                case = make_append_case(**{{"seed": 7, **kw}})
+                # Special values in a few rows: NaN and inf blocks take their own paths.
+                case.append_key[0, 0, 3] = float("nan")
+                case.append_value[-1, 0, 5] = float("inf")
+                gpu, cpu = case.to("cuda"), case.cloned()
+                nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*gpu.args(), **options)
+                nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*cpu.args(), **options)
+                torch.cuda.synchronize()
+                for name in ("paged_kv_cache", "kv_cache_sf"):
+                    assert torch.equal(cache_bytes(getattr(gpu, name)), cache_bytes(getattr(cpu, name))), \
+                        (kw, options, name)
         print("OK")
     """)
-    for mode in ("pair", "oneshot", "split"):
+    for mode in ("auto", "pair", "oneshot", "split"):
         env = {**os.environ, "NVFP4KV_KERNEL": mode}
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
         assert result.returncode == 0 and "OK" in result.stdout, (mode, result.stdout + result.stderr)

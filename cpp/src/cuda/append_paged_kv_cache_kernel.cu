@@ -24,7 +24,7 @@
 //      clamped into its tensor and a flag says whether the row is written. In pair mode with at least
 //      9 threads per row, warp 0 resolves the chains of all the CTA's rows (one per lane) for the
 //      whole CTA (append_paged_kv_cache_pair_kernel);
-//   4. quantize (block_quantizer.cuh; the optional 4-over-6 recipe runs the codec's own code) while the
+//   4. quantize (block_quantizer.cuh, the optional 4-over-6 recipe included) while the
 //      page id is in flight;
 //   5. store 8 or 16 packed bytes and 1 or 2 scale bytes per tensor (V scales byte by byte in the
 //      optional "trtllm" layout).
@@ -289,18 +289,28 @@ struct Quantized {
 template <bool kBF16, int kBlocks, bool kSplit, bool kFourOverSix, bool kTables>
 __device__ __forceinline__ Quantized<kSplit ? kBlocks : 2 * kBlocks> quantize_item(
     const AppendParams& p, const Item& it, const uint32_t* w,
-    const float (*reciprocal)[block_quantizer::kReciprocalTableSize]) {
+    const float (*reciprocal)[block_quantizer::kReciprocalTableSize], const float* scaled) {
   constexpr int kN = kSplit ? kBlocks : 2 * kBlocks;
   Quantized<kN> q;
   q.k_scale = global_scale(p, it.is_value);  // split mode: the item's tensor
   q.v_scale = global_scale(p, true);
-  if constexpr (kFourOverSix) {  // the optional 4-over-6 recipe: the codec's own code, block by block
+  if constexpr (kFourOverSix) {  // the optional 4-over-6 recipe, block by block
+    if (!block_quantizer::four_over_six_fast_scale(q.k_scale) || !block_quantizer::four_over_six_fast_scale(q.v_scale)) {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        q.sf[i] = block_quantizer::quantize_block_four_over_six<kBF16>(
+            make_uint4(w[8 * i], w[8 * i + 1], w[8 * i + 2], w[8 * i + 3]),
+            make_uint4(w[8 * i + 4], w[8 * i + 5], w[8 * i + 6], w[8 * i + 7]), i < kBlocks ? q.k_scale : q.v_scale,
+            q.data[i]);
+      }
+      return q;
+    }
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-      q.sf[i] = block_quantizer::quantize_block_four_over_six<kBF16>(
-          make_uint4(w[8 * i], w[8 * i + 1], w[8 * i + 2], w[8 * i + 3]),
-          make_uint4(w[8 * i + 4], w[8 * i + 5], w[8 * i + 6], w[8 * i + 7]), i < kBlocks ? q.k_scale : q.v_scale,
-          q.data[i]);
+      const float s = i < kBlocks ? q.k_scale : q.v_scale;
+      q.sf[i] = block_quantizer::quantize_block_four_over_six_fast<kBF16, kTables>(
+          w + 8 * i, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s,
+          kTables ? reciprocal[i < kBlocks ? it.is_value : true] : nullptr, scaled, q.data[i]);
     }
   } else {
     float s[kN], six_s[kN];
@@ -345,13 +355,21 @@ __device__ __forceinline__ void fill_reciprocal_tables(const AppendParams& p,
   reciprocal[value][byte] = block_quantizer::reciprocal_entry(uint8_t(byte), global_scale(p, value));
 }
 
+// The 4-over-6 recipe's m by scale byte (block_quantizer::scaled_scale_entry), one global table.
+__device__ __forceinline__ void fill_scaled_table(float* scaled) {
+  if (threadIdx.x < block_quantizer::kReciprocalTableSize) {
+    scaled[threadIdx.x] = block_quantizer::scaled_scale_entry(uint8_t(threadIdx.x));
+  }
+}
+
 // One item per thread. The loads that start the two chains (inputs; the row's index values) go out
 // first, then the tables are filled while they are in flight.
 template <bool kBF16, bool kVector, int kBlocks, bool kSplit, typename Index, bool kFourOverSix>
 __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ? 1 : 4)  // pair: 64 registers
     append_paged_kv_cache_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
-  constexpr bool kTables = !kSplit && !kFourOverSix;
+  constexpr bool kTables = !kSplit;
   __shared__ float reciprocal[kTables ? 2 : 1][block_quantizer::kReciprocalTableSize];
+  __shared__ float scaled[kTables && kFourOverSix ? block_quantizer::kReciprocalTableSize : 1];
   const uint32_t index = blockIdx.x * kThreads + threadIdx.x;
   const bool active = index < a.items;
   const Item it = locate<kSplit, kBlocks>(index, a);
@@ -363,11 +381,12 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
   }
   if constexpr (kTables) {
     fill_reciprocal_tables(p, reciprocal);
+    if constexpr (kFourOverSix) fill_scaled_table(scaled);
     __syncthreads();
   }
   if (!active) return;
   const Target target = start_target<Index>(p, a, it.row, r);
-  const auto q = quantize_item<kBF16, kBlocks, kSplit, kFourOverSix, kTables>(p, it, w, reciprocal);
+  const auto q = quantize_item<kBF16, kBlocks, kSplit, kFourOverSix, kTables>(p, it, w, reciprocal, scaled);
   store_item<kVector, kBlocks, kSplit>(p, a, it, q, target);
 }
 
@@ -377,10 +396,11 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
 // costs one warp's instructions per CTA instead of one per warp, and only warp 0 waits for it.
 constexpr uint32_t kMinItemsPerRowForSharedChain = 9;  // rows per CTA <= 255 / 9 + 2 = 30
 
-template <bool kBF16, int kBlocks, typename Index>
-__global__ void __launch_bounds__(kThreads, 4)  // 64 registers
+template <bool kBF16, int kBlocks, typename Index, bool kFourOverSix>
+__global__ void __launch_bounds__(kThreads, kFourOverSix ? 3 : 4)  // 64 registers (4-over-6: 80)
     append_paged_kv_cache_pair_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
   __shared__ float reciprocal[2][block_quantizer::kReciprocalTableSize];
+  __shared__ float scaled[kFourOverSix ? block_quantizer::kReciprocalTableSize : 1];
   __shared__ Target targets[32];
   const uint32_t first_item = blockIdx.x * kThreads;
   const uint32_t first_row = a.items_per_row.div(first_item);
@@ -397,6 +417,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
   RowIndices r{};
   if (chain_warp && threadIdx.x < rows) r = load_row_indices<Index>(p, a, chain_row);
   fill_reciprocal_tables(p, reciprocal);
+  if constexpr (kFourOverSix) fill_scaled_table(scaled);
   __syncthreads();  // the tables are complete
 
   if (chain_warp) {
@@ -405,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
     asm volatile("bar.arrive 1, %0;" ::"n"(kThreads) : "memory");  // targets published
   }
   Quantized<2 * kBlocks> q;
-  if (active) q = quantize_item<kBF16, kBlocks, false, false, true>(p, it, w, reciprocal);
+  if (active) q = quantize_item<kBF16, kBlocks, false, kFourOverSix, true>(p, it, w, reciprocal, scaled);
   if (!chain_warp) asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // wait for the targets
   if (active) store_item<true, kBlocks, false>(p, a, it, q, targets[it.row - a.row_begin - first_row]);
 }
@@ -460,9 +481,9 @@ void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
     a.row_begin = row;
     a.items = uint32_t(rows * per_row);
     const dim3 grid((a.items + kThreads - 1) / kThreads);
-    if constexpr (kVector && !kSplit && !kFourOverSix) {
+    if constexpr (kVector && !kSplit) {
       if (per_row >= kMinItemsPerRowForSharedChain && forced_mode() != kForceOneShot) {
-        append_paged_kv_cache_pair_kernel<kBF16, kBlocks, Index><<<grid, kThreads, 0, stream>>>(p, a);
+        append_paged_kv_cache_pair_kernel<kBF16, kBlocks, Index, kFourOverSix><<<grid, kThreads, 0, stream>>>(p, a);
         continue;
       }
     }
@@ -473,9 +494,15 @@ void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
 
 template <bool kBF16, typename Index>
 void launch_plan(const AppendParams& p, const LaunchArgs& a, const Plan& plan, cudaStream_t stream) {
-  if (p.four_over_six) {  // the optional recipe: one generic kernel per dtype and alignment
-    if (plan.mode == Mode::kScalar) launch_rows<kBF16, false, 1, false, void, true>(p, a, stream);
-    else launch_rows<kBF16, true, 1, true, void, true>(p, a, stream);
+  if (p.four_over_six) {  // the optional recipe: the same modes
+    switch (plan.mode) {
+      case Mode::kScalar: launch_rows<kBF16, false, 1, false, void, true>(p, a, stream); break;
+      case Mode::kSplit: launch_rows<kBF16, true, 1, true, Index, true>(p, a, stream); break;
+      case Mode::kPair:
+        if (plan.blocks == 2) launch_rows<kBF16, true, 2, false, Index, true>(p, a, stream);
+        else launch_rows<kBF16, true, 1, false, Index, true>(p, a, stream);
+        break;
+    }
     return;
   }
   switch (plan.mode) {
@@ -520,7 +547,7 @@ int launch_append_paged_kv_cache(const AppendParams& p, void* stream, const char
   Plan plan{Mode::kScalar, 1};
   if (vector) {
     const int forced = forced_mode();
-    const bool split = p.four_over_six || forced == kForceSplit ||
+    const bool split = forced == kForceSplit ||
                        (forced == kAuto && total_blocks <= kSplitModeMaxBlocks);
     plan = split ? Plan{Mode::kSplit, 1} : Plan{Mode::kPair, blocks_per_row % 2 == 0 ? 2 : 1};
   }

@@ -201,8 +201,118 @@ __device__ __forceinline__ void quantize_blocks(const uint32_t* w, const float* 
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The optional 4-over-6 recipe (nvfp4_four_over_six.h) on the fast path. Both candidates are encoded
+// exactly as encode8 does (so their codes are codec::e2m1_code's), and their squared errors are
+// the recipe's: d = (e2m1(code) * float(sf)) * s - x, acc = acc + d * d, every operation a separately
+// rounded __fmul_rn / __fsub_rn / __fadd_rn (never contracted), in element order 0..15.
+//  * e2m1(code) * float(sf) is exact (2 x 4 significant bits), so its product with s is the single
+//    rounding RN(v * sf * s) of the exact real v * sf * s. The code float's bits are 0x4A800000 + k,
+//    so (bits << 22) is k << 22, the fp32 whose value is v(k) * 2^-126 (k = 0, 1 land on the
+//    subnormals 0 and 2^-127: the E2M1 subnormals map exactly; --ftz=false). With
+//    m = float(sf) * 2^(126 - kSfShift) (exact, < 2^128) and s_up = s * 2^kSfShift (exact while finite),
+//    (k22 * m) = v * sf * 2^-kSfShift exactly (>= 2^-18, normal) and RN((k22 * m) * s_up) = RN(v * sf * s):
+//    two multiplications per value and candidate instead of a decode. s >= 2^120 (s_up = inf) falls
+//    back to the codec's own code.
+//  * The sign: the codec's dequantized value carries x's sign, so its d is sign(x) * (RN(v sf s) - |x|)
+//    (RN is symmetric) and d * d is the same; the code's sign bits are shared by both candidates.
+constexpr int kSfShift = 8;
+constexpr float kSfUp = 256.0f;                     // 2^kSfShift
+constexpr float kSfScaledFactor = 0x1p118f;  // 2^(126 - kSfShift)
+
+// m of a scale byte (NaN for 0x7F, whose block is discarded).
+__device__ __forceinline__ float scaled_scale_entry(uint8_t byte) { return scale_value(byte) * kSfScaledFactor; }
+
+template <bool kBF16, bool kSaturate>
+__device__ __forceinline__ void encode8_four_over_six(const uint32_t* w, float r6, float m6, float r4, float m4,
+                                                      float s_up, uint32_t& packed6, uint32_t& packed4, float& e6,
+                                                      float& e4) {
+  constexpr uint32_t kBias = codec::kCodeFloatZeroBits * 0x11111111u;
+  uint32_t a6 = 0u - kBias, a4 = 0u - kBias;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float x[2];
+    widen2<kBF16>(w[i], x[0], x[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float u6 = fabsf(x[h] * r6), u4 = fabsf(x[h] * r4);
+      if constexpr (kSaturate) {
+        u6 = fminf(u6, codec::kE2M1MaxValue);
+        u4 = fminf(u4, codec::kE2M1MaxValue);
+      }
+      const uint32_t f6 = __float_as_uint(codec::e2m1_code_float(u6));
+      const uint32_t f4 = __float_as_uint(codec::e2m1_code_float(u4));
+      a6 += f6 << (8 * i + 4 * h);
+      a4 += f4 << (8 * i + 4 * h);
+      const float magnitude = fabsf(x[h]);
+      const float d6 = __fsub_rn(__fmul_rn(__fmul_rn(__uint_as_float(f6 << 22), m6), s_up), magnitude);
+      const float d4 = __fsub_rn(__fmul_rn(__fmul_rn(__uint_as_float(f4 << 22), m4), s_up), magnitude);
+      e6 = __fadd_rn(e6, __fmul_rn(d6, d6));
+      e4 = __fadd_rn(e4, __fmul_rn(d4, d4));
+    }
+  }
+  const uint32_t x01 = prmt(w[0], w[1], 0xFBD9);
+  const uint32_t x23 = prmt(w[2], w[3], 0xFBD9);
+  const uint32_t even = prmt(x01, x23, 0x5410);
+  const uint32_t odd = prmt(x01, x23, 0x7632);
+  const uint32_t signs = ((even & 0x0F0F0F0Fu) | (odd & 0xF0F0F0F0u)) & 0x88888888u;
+  packed6 = a6 | signs;
+  packed4 = a4 | signs;
+}
+
+template <bool kBF16, bool kSaturate>
+__device__ __forceinline__ bool encode16_four_over_six(const uint32_t* w, float r6, float m6, float r4, float m4,
+                                                       float s_up, uint2& data6, uint2& data4) {
+  float e6 = 0.0f, e4 = 0.0f;
+  encode8_four_over_six<kBF16, kSaturate>(w, r6, m6, r4, m4, s_up, data6.x, data4.x, e6, e4);
+  encode8_four_over_six<kBF16, kSaturate>(w + 4, r6, m6, r4, m4, s_up, data6.y, data4.y, e6, e4);
+  return e4 < e6;  // ties (and equal candidates) keep sf6
+}
+
+// Whether quantize_block_four_over_six_fast handles global scale s (s * 2^kSfShift finite); otherwise
+// (s >= 2^120, or s not a number, whose rows are not written) the codec's code does.
+__device__ __forceinline__ bool four_over_six_fast_scale(float s) { return s * kSfUp <= 3.4028234663852886e38f; }
+
+// One block of the 4-over-6 recipe: s, six_s = 6 s, four_s = 4 s, and the block's reciprocal table
+// (1 / (sf s) or 0 by byte) and scaled-scale table (m by byte) when kTable.
+template <bool kBF16, bool kTable>
+__device__ __forceinline__ uint8_t quantize_block_four_over_six_fast(const uint32_t* w, float s, float six_s,
+                                                                     float four_s, const float* reciprocal,
+                                                                     const float* scaled, uint2& data) {
+  const float s_up = s * kSfUp;  // finite: the caller checked four_over_six_fast_scale(s)
+  const float absmax = block_abs_max<kBF16>(w);
+  const uint8_t b6 = scale_byte(__fdiv_rn(absmax, six_s));
+  const uint8_t b4 = scale_byte(__fdiv_rn(absmax, four_s));
+  float r6, r4, m6, m4;
+  if constexpr (kTable) {
+    r6 = reciprocal[b6];
+    r4 = reciprocal[b4];
+    m6 = scaled[b6];
+    m4 = scaled[b4];
+  } else {
+    r6 = reciprocal_entry(b6, s);
+    r4 = reciprocal_entry(b4, s);
+    m6 = scaled_scale_entry(b6);
+    m4 = scaled_scale_entry(b4);
+  }
+  uint2 data6, data4;
+  bool four;
+  // Rounding is monotone, so |x_j * r| <= RN(absmax * r); NaN compares false.
+  if (absmax * r6 < 7.0f && absmax * r4 < 7.0f) {
+    four = encode16_four_over_six<kBF16, false>(w, r6, m6, r4, m4, s_up, data6, data4);
+  } else {
+    four = encode16_four_over_six<kBF16, true>(w, r6, m6, r4, m4, s_up, data6, data4);
+  }
+  if (codec::is_nan(absmax)) {
+    data = make_uint2(0, 0);
+    return codec::kE4M3NaN;
+  }
+  data = four ? data4 : data6;
+  return four ? b4 : b6;
+}
+
 // The optional 4-over-6 recipe (nvfp4_four_over_six.h) for one block: the codec's own code on the
-// widened values.
+// widened values (for the global scales four_over_six_fast_scale rejects).
 template <bool kBF16>
 __device__ __forceinline__ uint8_t quantize_block_four_over_six(uint4 lo, uint4 hi, float s, uint2& data) {
   const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
