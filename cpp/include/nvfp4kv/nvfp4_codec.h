@@ -160,15 +160,16 @@ NVFP4KV_HOST_DEVICE float e2m1_to_float(uint8_t code) {
 }
 
 // Block scale byte and reciprocal factor of one block given its absolute maximum a (not NaN).
-// Steps 3-5: t = a / (6 s) with 6 s rounded first; sf = E4M3(t); r = 1 / (float(sf) * s) or 0.
+// Steps 3-5: t = a / (target s) with target s rounded first; sf = E4M3(t); r = 1 / (float(sf) * s) or 0.
+// target is 6 (the largest E2M1 value) in SPEC section 2; the 4-over-6 search also tries 4.
 struct BlockScale {
   uint8_t byte;
   float reciprocal;
 };
 
-NVFP4KV_HOST_DEVICE BlockScale block_scale(float absmax, float global_scale) {
-  const float six_s = kE2M1MaxValue * global_scale;
-  const float t = absmax / six_s;
+NVFP4KV_HOST_DEVICE BlockScale block_scale(float absmax, float global_scale, float target = kE2M1MaxValue) {
+  const float target_s = target * global_scale;
+  const float t = absmax / target_s;
   BlockScale result;
   result.byte = e4m3_from_nonnegative(t);
   const float sf = e4m3_to_float(result.byte);
@@ -177,30 +178,39 @@ NVFP4KV_HOST_DEVICE BlockScale block_scale(float absmax, float global_scale) {
   return result;
 }
 
-// Quantize one block of 16 fp32 values (SPEC section 2). Writes the 8 data bytes as one
-// little-endian uint64 (byte k in bits 8k..8k+7) and returns the scale byte.
-NVFP4KV_HOST_DEVICE uint8_t quantize_block(const float (&x)[kBlockSize], float global_scale,
-                                           uint64_t& packed) {
+// Steps 1-2: true when the block holds a NaN; otherwise absmax = max_j |x[j]| (may be +inf).
+NVFP4KV_HOST_DEVICE bool block_has_nan(const float (&x)[kBlockSize], float& absmax) {
   bool has_nan = false;
-  float absmax = 0.0f;
+  absmax = 0.0f;
 NVFP4KV_UNROLL
   for (int j = 0; j < kBlockSize; ++j) {
     has_nan |= is_nan(x[j]);
     const float magnitude = bits_float(float_bits(x[j]) & 0x7FFFFFFFu);
     absmax = magnitude > absmax ? magnitude : absmax;
   }
-  if (has_nan) {
+  return has_nan;
+}
+
+// Steps 6-7: the 16 codes of x scaled by r, packed little-endian (byte k in bits 8k..8k+7, low nibble
+// = even element).
+NVFP4KV_HOST_DEVICE uint64_t encode_block(const float (&x)[kBlockSize], float reciprocal) {
+  uint64_t packed = 0;
+NVFP4KV_UNROLL
+  for (int j = 0; j < kBlockSize; ++j) packed |= uint64_t(e2m1_code(x[j] * reciprocal, x[j])) << (4 * j);
+  return packed;
+}
+
+// Quantize one block of 16 fp32 values (SPEC section 2). Writes the 8 data bytes as one
+// little-endian uint64 and returns the scale byte.
+NVFP4KV_HOST_DEVICE uint8_t quantize_block(const float (&x)[kBlockSize], float global_scale,
+                                           uint64_t& packed) {
+  float absmax;
+  if (block_has_nan(x, absmax)) {
     packed = 0;
     return kE4M3NaN;
   }
   const BlockScale scale = block_scale(absmax, global_scale);
-  uint64_t bytes = 0;
-NVFP4KV_UNROLL
-  for (int j = 0; j < kBlockSize; ++j) {
-    const float y = x[j] * scale.reciprocal;
-    bytes |= uint64_t(e2m1_code(y, x[j])) << (4 * j);
-  }
-  packed = bytes;
+  packed = encode_block(x, scale.reciprocal);
   return scale.byte;
 }
 

@@ -44,24 +44,6 @@ NVFP4KV_HOST_DEVICE float add_rn(float a, float b) {
 #endif
 }
 
-// Steps 3-5 with a chosen top code value (6 for the standard scale, 4 for the 4-over-6 candidate).
-NVFP4KV_HOST_DEVICE BlockScale block_scale_for_target(float absmax, float global_scale, float target) {
-  const float target_s = target * global_scale;
-  BlockScale result;
-  result.byte = e4m3_from_nonnegative(absmax / target_s);
-  const float sf = e4m3_to_float(result.byte);
-  result.reciprocal = (absmax == 0.0f || sf == 0.0f) ? 0.0f : 1.0f / (sf * global_scale);
-  return result;
-}
-
-// Steps 6-7: the 16 codes of x scaled by r, packed little-endian (low nibble = even element).
-NVFP4KV_HOST_DEVICE uint64_t encode_block(const float (&x)[kBlockSize], float reciprocal) {
-  uint64_t packed = 0;
-  NVFP4KV_UNROLL
-  for (int j = 0; j < kBlockSize; ++j) packed |= uint64_t(e2m1_code(x[j] * reciprocal, x[j])) << (4 * j);
-  return packed;
-}
-
 NVFP4KV_HOST_DEVICE float block_squared_error(const float (&x)[kBlockSize], uint64_t packed, uint8_t scale_byte,
                                               float global_scale) {
   const float sf = e4m3_to_float(scale_byte);
@@ -78,22 +60,15 @@ NVFP4KV_HOST_DEVICE float block_squared_error(const float (&x)[kBlockSize], uint
 // quantize_block with the 4-over-6 search. Returns the scale byte, writes the 8 data bytes.
 NVFP4KV_HOST_DEVICE uint8_t quantize_block_four_over_six(const float (&x)[kBlockSize], float global_scale,
                                                          uint64_t& packed) {
-  bool has_nan = false;
-  float absmax = 0.0f;
-  NVFP4KV_UNROLL
-  for (int j = 0; j < kBlockSize; ++j) {
-    has_nan |= is_nan(x[j]);
-    const float magnitude = bits_float(float_bits(x[j]) & 0x7FFFFFFFu);
-    absmax = magnitude > absmax ? magnitude : absmax;
-  }
-  if (has_nan) {
+  float absmax;
+  if (block_has_nan(x, absmax)) {
     packed = 0;
     return kE4M3NaN;
   }
-  const BlockScale six = block_scale_for_target(absmax, global_scale, kE2M1MaxValue);
+  const BlockScale six = block_scale(absmax, global_scale);
   packed = encode_block(x, six.reciprocal);
   if (absmax == 0.0f) return six.byte;
-  const BlockScale four = block_scale_for_target(absmax, global_scale, kFourOverSixTarget);
+  const BlockScale four = block_scale(absmax, global_scale, kFourOverSixTarget);
   const uint64_t packed_four = encode_block(x, four.reciprocal);
   if (block_squared_error(x, packed_four, four.byte, global_scale) <
       block_squared_error(x, packed, six.byte, global_scale)) {
