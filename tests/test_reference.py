@@ -4,26 +4,16 @@ Expected values here come from hand arithmetic, from brute-force nearest-value s
 SPEC formulas written out per row in plain Python; never from the code under test.
 """
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reference_source import load_reference
 
-def _load_reference():
-    # Load the file itself: importing the nvfp4kv package would load the compiled library in its __init__.
-    path = Path(__file__).resolve().parents[1] / "python" / "nvfp4kv" / "reference.py"
-    spec = importlib.util.spec_from_file_location("nvfp4kv_reference_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ref = _load_reference()
+ref = load_reference("nvfp4kv_reference_under_test")
 
 INF = math.inf
 NAN = math.nan

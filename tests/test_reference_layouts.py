@@ -4,25 +4,15 @@ Expected values come from the issue's offset formula written out with Python loo
 a per-block implementation with numpy float32 scalars, element by element; never from the code under test.
 """
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from reference_source import load_reference
 
-def _load_reference():
-    # Load the file itself: importing the nvfp4kv package would load the compiled library in its __init__.
-    path = Path(__file__).resolve().parents[1] / "python" / "nvfp4kv" / "reference.py"
-    spec = importlib.util.spec_from_file_location("nvfp4kv_reference_layouts_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ref = _load_reference()
+ref = load_reference("nvfp4kv_reference_layouts_under_test")
 
 NAN = math.nan
 INF = math.inf
