@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_source import load_reference
+from reference_source import codes_of, load_reference, scale_bytes
 
 ref = load_reference("nvfp4kv_reference_under_test")
 
@@ -31,18 +31,6 @@ def next_up(value: float) -> float:
 
 def next_down(value: float) -> float:
     return torch.nextafter(torch.tensor(value, dtype=F32), torch.tensor(-INF, dtype=F32)).item()
-
-
-def scale_bytes(scales: torch.Tensor) -> list:
-    return scales.view(torch.uint8).flatten().tolist()
-
-
-def codes_of(packed: torch.Tensor) -> list:
-    """Unpacked 4-bit codes of a packed row, written here independently: low nibble first."""
-    codes = []
-    for byte in packed.flatten().tolist():
-        codes += [byte & 0xF, byte >> 4]
-    return codes
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from reference_source import load_reference
+from reference_source import codes_of, load_reference, scale_bytes
 
 ref = load_reference("nvfp4kv_reference_layouts_under_test")
 
@@ -18,18 +18,6 @@ NAN = math.nan
 INF = math.inf
 F32 = torch.float32
 F8 = torch.float8_e4m3fn
-
-
-def scale_bytes(scales: torch.Tensor) -> list:
-    return scales.view(torch.uint8).flatten().tolist()
-
-
-def codes_of(packed: torch.Tensor) -> list:
-    """Unpacked 4-bit codes of packed bytes, low nibble first."""
-    codes = []
-    for byte in packed.flatten().tolist():
-        codes += [byte & 0xF, byte >> 4]
-    return codes
 
 
 def random_bytes(shape, seed):
