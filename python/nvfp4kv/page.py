@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional, Tuple, Union
 
 import torch
+from torch.compiler import is_compiling
 
 from . import debug_checks
 
@@ -27,16 +28,22 @@ Scale = Union[float, torch.Tensor]
 
 def _op_arguments(paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_scale: Scale) -> tuple:
     """(k_cache, v_cache, k_cache_sf, v_cache_sf, k_scale, v_scale, k_scale_tensor, v_scale_tensor) as the
-    ops take them. Kept flat and branch-light: it runs on every decode step of every layer."""
-    k_cache, v_cache = (paged_kv_cache, None) if type(paged_kv_cache) is torch.Tensor else \
+    ops take them. It runs on every decode step of every layer, so the common cases (tuple caches, float
+    scales) are exact-type tests: isinstance against torch.Tensor is slow when it fails."""
+    k_cache, v_cache = paged_kv_cache if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2 else \
         _split_cache(paged_kv_cache, "paged_kv_cache")
-    k_sf, v_sf = (kv_cache_sf, None) if type(kv_cache_sf) is torch.Tensor else _split_cache(kv_cache_sf, "kv_cache_sf")
+    k_sf, v_sf = kv_cache_sf if type(kv_cache_sf) is tuple and len(kv_cache_sf) == 2 else \
+        _split_cache(kv_cache_sf, "kv_cache_sf")
+    if type(k_scale) is float and type(v_scale) is float:
+        return k_cache, v_cache, k_sf, v_sf, k_scale, v_scale, None, None
     k_tensor = k_scale if isinstance(k_scale, torch.Tensor) else None
     v_tensor = v_scale if isinstance(v_scale, torch.Tensor) else None
     return (k_cache, v_cache, k_sf, v_sf, 1.0 if k_tensor is not None else k_scale,
             1.0 if v_tensor is not None else v_scale, k_tensor, v_tensor)
 
 
+# Eagerly the API calls an overload's C++ entry point (_op), skipping OpOverload.__call__'s Python frame;
+# torch.compile cannot trace _op and gets the OpOverload itself.
 _APPEND = torch.ops.nvfp4kv.append_paged_kv_cache.default
 _APPEND_WITH_SLOT_MAPPING = torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping.default
 
@@ -77,8 +84,9 @@ def nvfp4_quantize_append_paged_kv_cache(
         debug_checks.check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf,
                                   kv_indices, kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor,
                                   v_tensor, v_sf_layout, scale_search)
-    _APPEND(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices, kv_indptr,
-            kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
+    append = _APPEND if is_compiling() else _APPEND._op
+    append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices, kv_indptr,
+           kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
 
 
 def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
@@ -106,8 +114,9 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
         debug_checks.check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf,
                                                     v_sf, k_value, v_value, kv_layout, k_tensor, v_tensor,
                                                     v_sf_layout, scale_search)
-    _APPEND_WITH_SLOT_MAPPING(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value, v_value,
-                              kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
+    append = _APPEND_WITH_SLOT_MAPPING if is_compiling() else _APPEND_WITH_SLOT_MAPPING._op
+    append(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value, v_value, kv_layout,
+           k_tensor, v_tensor, v_sf_layout, scale_search)
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
