@@ -1,6 +1,7 @@
 """The ops inside PyTorch's machinery: opcheck, torch.compile (tuple and stacked caches, no cache
-copies in the generated code), TorchScript."""
+copies in the generated code), TorchScript, eager calls that hold no host memory."""
 
+import os
 from typing import Optional
 
 import pytest
@@ -126,6 +127,32 @@ def test_torchscript(stacked):
     scripted_append(*op_args(case))
     assert torch.equal(cache_bytes(case.paged_kv_cache), cache_bytes(eager.paged_kv_cache))
     assert torch.equal(cache_bytes(case.kv_cache_sf), cache_bytes(eager.kv_cache_sf))
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident set size from /proc")
+def test_eager_calls_hold_no_host_memory():
+    """torch 2.13's TORCH_BOX leaks a heap std::string per `str` argument on every call (pytorch/pytorch#191340):
+    144 bytes per append. The kernels read their boxed arguments themselves (cpp/src/boxed_arguments.h)."""
+    case = make_append_case(seed=17)
+    rows = (case.append_key[:0], case.append_value[:0])  # nothing to quantize: the calls are all host path
+    slots = torch.zeros(0, dtype=torch.int64)
+
+    def calls(n):
+        for _ in range(n):
+            nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*rows, case.batch_indices[:0], case.positions[:0],
+                                                         *case.args()[4:])
+            nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(*rows, slots, case.paged_kv_cache,
+                                                                           case.kv_cache_sf, 1.0, 1.0)
+
+    calls(1000)
+    before = resident_bytes()
+    calls(50000)
+    assert resident_bytes() - before < 2 << 20  # a leak of 144 bytes per call would be 14 MiB
 
 
 def test_page_module_is_the_same_api():

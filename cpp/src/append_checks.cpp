@@ -1,29 +1,30 @@
 #include "append_checks.h"
 
 #include <array>
-#include <vector>
+#include <initializer_list>
+#include <utility>
 
 namespace nvfp4kv {
 namespace {
 
-void check_rows(const char* op, const Tensor& t, const char* name) {
+void check_rows(const char* op, const TensorInfo& t, const char* name) {
   if (t.stride(2) != 1) {
     fail(op, name, " must be contiguous in its last dim (stride 1), got stride ", t.stride(2));
   }
 }
 
-IndexView check_index(const char* op, const Tensor& t, const char* name) {
+IndexView check_index(const char* op, const TensorInfo& t, const char* name) {
   if (!is_index_dtype(t.scalar_type())) {
     fail(op, name, " must have dtype int32 or int64, got ", dtype_name(t.scalar_type()));
   }
-  if (t.dim() != 1) fail(op, name, " must be a 1-D tensor, got shape ", shape_string(t));
+  if (t.dim() != 1) fail(op, name, " must be a 1-D tensor, got shape ", t.shape_string());
   return IndexView{t.data_ptr(), t.stride(0), t.size(0), t.scalar_type() == ScalarType::Long};
 }
 
 // One 4-D cache tensor as the user named it ("paged_kv_cache[0]", or "paged_kv_cache" when it is a
 // half of the stacked tensor): K is element 0 of dim 1, V element 1, with dim 1 dropped.
 struct CacheTensor {
-  std::string name;
+  const char* name;
   uint8_t* data;
   std::array<int64_t, 4> sizes;
   std::array<int64_t, 4> strides;
@@ -35,32 +36,39 @@ std::string sizes_string(const std::array<int64_t, 4>& sizes) {
   return out.str();
 }
 
-CacheTensor four_d(const Tensor& t, const std::string& name) {
+CacheTensor four_d(const TensorInfo& t, const char* name) {
   return CacheTensor{name, static_cast<uint8_t*>(t.data_ptr()), {t.size(0), t.size(1), t.size(2), t.size(3)},
                      {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}};
 }
 
+// A cache argument's name as the user gave it: the stacked tensor, or the (K, V) tuple's elements.
+struct CacheName {
+  const char* whole;
+  std::array<const char*, 2> parts;
+};
+constexpr CacheName kDataCacheName{"paged_kv_cache", {"paged_kv_cache[0]", "paged_kv_cache[1]"}};
+constexpr CacheName kScaleCacheName{"kv_cache_sf", {"kv_cache_sf[0]", "kv_cache_sf[1]"}};
+
 // Splits a tuple or stacked cache argument into its K and V 4-D tensors, checking dtype and rank.
-std::array<CacheTensor, 2> split_cache(const char* op, const Tensor& first, const std::optional<Tensor>& second,
-                                       const char* name, ScalarType dtype) {
-  const std::string base = name;
+std::array<CacheTensor, 2> split_cache(const char* op, const TensorInfo& first, const std::optional<TensorInfo>& second,
+                                       const CacheName& name, ScalarType dtype) {
   const bool stacked = !second.has_value();
-  const std::array<const Tensor*, 2> parts{&first, stacked ? &first : &*second};
+  const std::array<const TensorInfo*, 2> parts{&first, stacked ? &first : &*second};
   for (int i = 0; i < (stacked ? 1 : 2); ++i) {
-    const std::string part = stacked ? base : base + "[" + std::to_string(i) + "]";
+    const char* part = stacked ? name.whole : name.parts[i];
     if (parts[i]->scalar_type() != dtype) {
       fail(op, part, " must have dtype ", dtype_name(dtype), ", got ", dtype_name(parts[i]->scalar_type()));
     }
     if (stacked && (first.dim() != 5 || first.size(1) != 2)) {
       fail(op, part, " as one tensor must be 5-D with K/V on dim 1 ([max_num_pages, 2, ...]), got shape ",
-           shape_string(first));
+           first.shape_string());
     }
     if (!stacked && parts[i]->dim() != 4) {
-      fail(op, part, " must be a 4-D tensor, got shape ", shape_string(*parts[i]));
+      fail(op, part, " must be a 4-D tensor, got shape ", parts[i]->shape_string());
     }
   }
-  if (!stacked) return {four_d(first, base + "[0]"), four_d(*second, base + "[1]")};
-  CacheTensor k{base, static_cast<uint8_t*>(first.data_ptr()),
+  if (!stacked) return {four_d(first, name.parts[0]), four_d(*second, name.parts[1])};
+  CacheTensor k{name.whole, static_cast<uint8_t*>(first.data_ptr()),
                 {first.size(0), first.size(2), first.size(3), first.size(4)},
                 {first.stride(0), first.stride(2), first.stride(3), first.stride(4)}};
   CacheTensor v = k;
@@ -73,7 +81,7 @@ std::array<CacheTensor, 2> split_cache(const char* op, const Tensor& first, cons
 // once it has been checked itself.
 CacheView check_cache(const char* op, const CacheTensor& t, ScalarType dtype, bool nhd, int64_t num_heads, int64_t width,
                       const CacheTensor* reference) {
-  const char* name = t.name.c_str();
+  const char* name = t.name;
   const int entry_dim = nhd ? 1 : 2;
   const int head_dim = nhd ? 2 : 1;
   std::array<int64_t, 4> expected{-1, -1, -1, width};
@@ -107,7 +115,7 @@ CacheView check_cache(const char* op, const CacheTensor& t, ScalarType dtype, bo
 }
 
 // The format strings, in argument order. Returns whether the layout is NHD.
-bool check_format(const char* op, const FormatArguments& format, AppendParams& p) {
+bool check_format(const char* op, const OptionArguments& format, AppendParams& p) {
   if (format.kv_layout != "NHD" && format.kv_layout != "HND") {
     fail(op, "kv_layout must be \"NHD\" or \"HND\", got \"", format.kv_layout, "\"");
   }
@@ -123,9 +131,9 @@ bool check_format(const char* op, const FormatArguments& format, AppendParams& p
 }
 
 // append_key / append_value: [nnz, num_kv_heads, head_dim], fp16 or bf16.
-void check_rows_pair(const char* op, const Tensor& append_key, const Tensor& append_value, AppendParams& p) {
+void check_rows_pair(const char* op, const TensorInfo& append_key, const TensorInfo& append_value, AppendParams& p) {
   if (append_key.dim() != 3) {
-    fail(op, "append_key must be a 3-D tensor [nnz, num_kv_heads, head_dim], got shape ", shape_string(append_key));
+    fail(op, "append_key must be a 3-D tensor [nnz, num_kv_heads, head_dim], got shape ", append_key.shape_string());
   }
   const ScalarType dtype = append_key.scalar_type();
   if (dtype != ScalarType::Half && dtype != ScalarType::BFloat16) {
@@ -140,8 +148,8 @@ void check_rows_pair(const char* op, const Tensor& append_key, const Tensor& app
   check_rows(op, append_key, "append_key");
   if (append_value.dim() != 3 || append_value.size(0) != nnz || append_value.size(1) != num_heads ||
       append_value.size(2) != head_dim) {
-    fail(op, "append_value must have the same shape as append_key ", shape_string(append_key), ", got ",
-         shape_string(append_value));
+    fail(op, "append_value must have the same shape as append_key ", append_key.shape_string(), ", got ",
+         append_value.shape_string());
   }
   if (append_value.scalar_type() != dtype) {
     fail(op, "append_value must have the same dtype as append_key (", dtype_name(dtype), "), got ",
@@ -158,12 +166,12 @@ void check_rows_pair(const char* op, const Tensor& append_key, const Tensor& app
 }
 
 // Every named tensor on append_key's device.
-void check_devices(const char* op, const Tensor& append_key,
-                   const std::vector<std::pair<const Tensor*, const char*>>& tensors) {
+void check_devices(const char* op, const TensorInfo& append_key,
+                   std::initializer_list<std::pair<const TensorInfo*, const char*>> tensors) {
   for (const auto& [tensor, name] : tensors) {
-    if (tensor != nullptr && !same_device(*tensor, append_key)) {
-      fail(op, name, " must be on the same device as append_key (", device_string(append_key), "), got ",
-           device_string(*tensor));
+    if (tensor != nullptr && !tensor->same_device(append_key)) {
+      fail(op, name, " must be on the same device as append_key (", append_key.device_string(), "), got ",
+           tensor->device_string());
     }
   }
 }
@@ -196,8 +204,8 @@ void check_trtllm_scales(const char* op, const std::array<CacheTensor, 2>& scale
 
 // Caches: tuple (K, V) or one stacked 5-D tensor; data uint8 [.., head_dim/2], scales e4m3 [.., head_dim/16].
 void check_caches(const char* op, const CacheArguments& caches, bool nhd, AppendParams& p) {
-  const auto data = split_cache(op, caches.k_cache, caches.v_cache, "paged_kv_cache", ScalarType::Byte);
-  const auto scales = split_cache(op, caches.k_cache_sf, caches.v_cache_sf, "kv_cache_sf", ScalarType::Float8_e4m3fn);
+  const auto data = split_cache(op, caches.k_cache, caches.v_cache, kDataCacheName, ScalarType::Byte);
+  const auto scales = split_cache(op, caches.k_cache_sf, caches.v_cache_sf, kScaleCacheName, ScalarType::Float8_e4m3fn);
   p.k_data = check_cache(op, data[0], ScalarType::Byte, nhd, p.num_heads, p.head_dim / 2, nullptr);
   const CacheTensor& reference = data[0];
   p.v_data = check_cache(op, data[1], ScalarType::Byte, nhd, p.num_heads, p.head_dim / 2, &reference);
@@ -209,86 +217,104 @@ void check_caches(const char* op, const CacheArguments& caches, bool nhd, Append
 }
 
 // A float scale is validated here; a [1] float32 tensor on the inputs' device is read by the kernel.
-const float* check_scale(const char* op, const char* name, double scale, const std::optional<Tensor>& tensor,
-                         const Tensor& append_key, float& value) {
+const float* check_scale(const char* op, const char* name, double scale, const std::optional<TensorInfo>& tensor,
+                         const TensorInfo& append_key, float& value) {
   value = 1.0f;
   if (!tensor) {
     value = checked_global_scale(op, name, scale);
     return nullptr;
   }
-  if (tensor->scalar_type() != ScalarType::Float || tensor->numel() != 1 || !same_device(*tensor, append_key)) {
+  if (tensor->scalar_type() != ScalarType::Float || tensor->numel() != 1 || !tensor->same_device(append_key)) {
     fail(op, name, " as a tensor must be a one-element float32 tensor on append_key's device (",
-         device_string(append_key), "), got dtype ", dtype_name(tensor->scalar_type()), ", shape ",
-         shape_string(*tensor), ", device ", device_string(*tensor));
+         append_key.device_string(), "), got dtype ", dtype_name(tensor->scalar_type()), ", shape ",
+         tensor->shape_string(), ", device ", tensor->device_string());
   }
   return static_cast<const float*>(tensor->data_ptr());
 }
 
-void check_scales(const char* op, const ScaleArguments& scales, const Tensor& append_key, AppendParams& p) {
+void check_scales(const char* op, const OptionArguments& scales, const TensorInfo& append_key, AppendParams& p) {
   p.k_scale_device = check_scale(op, "k_scale", scales.k_scale, scales.k_scale_tensor, append_key, p.k_scale);
   p.v_scale_device = check_scale(op, "v_scale", scales.v_scale, scales.v_scale_tensor, append_key, p.v_scale);
 }
 
+// The arguments both ops share, read in schema order (braced lists evaluate left to right).
+CacheArguments read_caches(BoxedArguments& boxed) {
+  return {boxed.tensor(), boxed.optional_tensor(), boxed.tensor(), boxed.optional_tensor()};
+}
+
+OptionArguments read_options(BoxedArguments& boxed) {
+  return {boxed.real(), boxed.real(), boxed.string(), boxed.optional_tensor(), boxed.optional_tensor(),
+          boxed.string(), boxed.string()};
+}
+
 }  // namespace
 
-AppendParams check_append_arguments(const Tensor& append_key, const Tensor& append_value,
-                                    const Tensor& batch_indices, const Tensor& positions,
-                                    const CacheArguments& caches, const Tensor& kv_indices, const Tensor& kv_indptr,
-                                    const Tensor& kv_last_page_len, const ScaleArguments& scales,
-                                    const FormatArguments& format) {
+AppendArguments read_append_arguments(BoxedArguments& boxed) {
+  boxed.expect("append_paged_kv_cache", 18);
+  return {boxed.tensor(), boxed.tensor(), boxed.tensor(), boxed.tensor(), read_caches(boxed),
+          boxed.tensor(), boxed.tensor(), boxed.tensor(), read_options(boxed)};
+}
+
+AppendWithSlotMappingArguments read_append_with_slot_mapping_arguments(BoxedArguments& boxed) {
+  boxed.expect("append_paged_kv_cache_with_slot_mapping", 14);
+  return {boxed.tensor(), boxed.tensor(), boxed.tensor(), read_caches(boxed), read_options(boxed)};
+}
+
+AppendParams check_append_arguments(const AppendArguments& args) {
   const char* op = "append_paged_kv_cache";
   AppendParams p{};
-  const bool nhd = check_format(op, format, p);
-  check_rows_pair(op, append_key, append_value, p);
-  check_devices(op, append_key,
-                {{&append_value, "append_value"}, {&batch_indices, "batch_indices"}, {&positions, "positions"},
-                 {&caches.k_cache, "paged_kv_cache"}, {&caches.k_cache_sf, "kv_cache_sf"},
-                 {&kv_indices, "kv_indices"}, {&kv_indptr, "kv_indptr"}, {&kv_last_page_len, "kv_last_page_len"},
-                 {caches.v_cache ? &*caches.v_cache : nullptr, "paged_kv_cache[1]"},
-                 {caches.v_cache_sf ? &*caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
+  const bool nhd = check_format(op, args.options, p);
+  check_rows_pair(op, args.append_key, args.append_value, p);
+  check_devices(op, args.append_key,
+                {{&args.append_value, "append_value"}, {&args.batch_indices, "batch_indices"},
+                 {&args.positions, "positions"}, {&args.caches.k_cache, "paged_kv_cache"},
+                 {&args.caches.k_cache_sf, "kv_cache_sf"}, {&args.kv_indices, "kv_indices"},
+                 {&args.kv_indptr, "kv_indptr"}, {&args.kv_last_page_len, "kv_last_page_len"},
+                 {args.caches.v_cache ? &*args.caches.v_cache : nullptr, "paged_kv_cache[1]"},
+                 {args.caches.v_cache_sf ? &*args.caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
 
   // Index tensors: 1-D int32/int64, used as given.
-  p.batch_indices = check_index(op, batch_indices, "batch_indices");
-  p.positions = check_index(op, positions, "positions");
-  p.kv_indices = check_index(op, kv_indices, "kv_indices");
-  p.kv_indptr = check_index(op, kv_indptr, "kv_indptr");
-  check_index(op, kv_last_page_len, "kv_last_page_len");
-  if (batch_indices.size(0) != p.nnz) {
-    fail(op, "batch_indices must have nnz = ", p.nnz, " entries (append_key.shape[0]), got ", batch_indices.size(0));
+  p.batch_indices = check_index(op, args.batch_indices, "batch_indices");
+  p.positions = check_index(op, args.positions, "positions");
+  p.kv_indices = check_index(op, args.kv_indices, "kv_indices");
+  p.kv_indptr = check_index(op, args.kv_indptr, "kv_indptr");
+  check_index(op, args.kv_last_page_len, "kv_last_page_len");
+  if (args.batch_indices.size(0) != p.nnz) {
+    fail(op, "batch_indices must have nnz = ", p.nnz, " entries (append_key.shape[0]), got ",
+         args.batch_indices.size(0));
   }
-  if (positions.size(0) != p.nnz) {
-    fail(op, "positions must have nnz = ", p.nnz, " entries (append_key.shape[0]), got ", positions.size(0));
+  if (args.positions.size(0) != p.nnz) {
+    fail(op, "positions must have nnz = ", p.nnz, " entries (append_key.shape[0]), got ", args.positions.size(0));
   }
-  p.batch_size = kv_last_page_len.size(0);
-  if (kv_indptr.size(0) != p.batch_size + 1) {
+  p.batch_size = args.kv_last_page_len.size(0);
+  if (args.kv_indptr.size(0) != p.batch_size + 1) {
     fail(op, "kv_indptr must have batch_size + 1 = ", p.batch_size + 1,
-         " entries (batch_size = kv_last_page_len.shape[0]), got ", kv_indptr.size(0));
+         " entries (batch_size = kv_last_page_len.shape[0]), got ", args.kv_indptr.size(0));
   }
 
-  check_caches(op, caches, nhd, p);
-  check_scales(op, scales, append_key, p);
+  check_caches(op, args.caches, nhd, p);
+  check_scales(op, args.options, args.append_key, p);
   return p;
 }
 
-AppendParams check_append_with_slot_mapping_arguments(const Tensor& append_key, const Tensor& append_value,
-                                                      const Tensor& slot_mapping, const CacheArguments& caches,
-                                                      const ScaleArguments& scales, const FormatArguments& format) {
+AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappingArguments& args) {
   const char* op = "append_paged_kv_cache_with_slot_mapping";
   AppendParams p{};
-  const bool nhd = check_format(op, format, p);
-  check_rows_pair(op, append_key, append_value, p);
-  check_devices(op, append_key,
-                {{&append_value, "append_value"}, {&slot_mapping, "slot_mapping"},
-                 {&caches.k_cache, "paged_kv_cache"}, {&caches.k_cache_sf, "kv_cache_sf"},
-                 {caches.v_cache ? &*caches.v_cache : nullptr, "paged_kv_cache[1]"},
-                 {caches.v_cache_sf ? &*caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
-  p.slot_mapping = check_index(op, slot_mapping, "slot_mapping");
-  if (slot_mapping.size(0) > p.nnz) {
-    fail(op, "slot_mapping must have at most append_key.shape[0] = ", p.nnz, " entries, got ", slot_mapping.size(0));
+  const bool nhd = check_format(op, args.options, p);
+  check_rows_pair(op, args.append_key, args.append_value, p);
+  check_devices(op, args.append_key,
+                {{&args.append_value, "append_value"}, {&args.slot_mapping, "slot_mapping"},
+                 {&args.caches.k_cache, "paged_kv_cache"}, {&args.caches.k_cache_sf, "kv_cache_sf"},
+                 {args.caches.v_cache ? &*args.caches.v_cache : nullptr, "paged_kv_cache[1]"},
+                 {args.caches.v_cache_sf ? &*args.caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
+  p.slot_mapping = check_index(op, args.slot_mapping, "slot_mapping");
+  if (args.slot_mapping.size(0) > p.nnz) {
+    fail(op, "slot_mapping must have at most append_key.shape[0] = ", p.nnz, " entries, got ",
+         args.slot_mapping.size(0));
   }
-  p.nnz = slot_mapping.size(0);  // only the first slot_mapping.shape[0] rows are appended
-  check_caches(op, caches, nhd, p);
-  check_scales(op, scales, append_key, p);
+  p.nnz = args.slot_mapping.size(0);  // only the first slot_mapping.shape[0] rows are appended
+  check_caches(op, args.caches, nhd, p);
+  check_scales(op, args.options, args.append_key, p);
   return p;
 }
 

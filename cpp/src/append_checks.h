@@ -1,4 +1,5 @@
-// Metadata checks of append_paged_kv_cache and the resolved AppendParams the kernels consume.
+// The append ops' arguments as read from the dispatcher's stack, their metadata checks, and the
+// resolved AppendParams the kernels consume.
 #pragma once
 
 #include <optional>
@@ -6,43 +7,59 @@
 
 #include "append_params.h"
 #include "argument_checks.h"
+#include "boxed_arguments.h"
 
 namespace nvfp4kv {
 
-// The cache arguments as the op receives them: tuple caches are four 4-D tensors; a stacked cache
+// The cache arguments as the ops receive them: tuple caches are four 4-D tensors; a stacked cache
 // is the 5-D k_cache / k_cache_sf with K/V on dim 1 and v_cache / v_cache_sf empty.
 struct CacheArguments {
-  const Tensor& k_cache;
-  const std::optional<Tensor>& v_cache;
-  const Tensor& k_cache_sf;
-  const std::optional<Tensor>& v_cache_sf;
+  TensorInfo k_cache;
+  std::optional<TensorInfo> v_cache;
+  TensorInfo k_cache_sf;
+  std::optional<TensorInfo> v_cache_sf;
 };
 
-// Global decode scales: floats, or [1] float32 tensors on the inputs' device (then the floats are unused).
-struct ScaleArguments {
+// The arguments both ops end with, in schema order. Global decode scales: floats, or [1] float32
+// tensors on the inputs' device (then the floats are unused). Formats: kv_layout "NHD" | "HND",
+// v_sf_layout "linear" | "trtllm", scale_search "none" | "4over6".
+struct OptionArguments {
   double k_scale;
   double v_scale;
-  const std::optional<Tensor>& k_scale_tensor;
-  const std::optional<Tensor>& v_scale_tensor;
+  std::string kv_layout;
+  std::optional<TensorInfo> k_scale_tensor;
+  std::optional<TensorInfo> v_scale_tensor;
+  std::string v_sf_layout;
+  std::string scale_search;
 };
 
-// The format choices: kv_layout "NHD" | "HND", v_sf_layout "linear" | "trtllm", scale_search "none" | "4over6".
-struct FormatArguments {
-  const std::string& kv_layout;
-  const std::string& v_sf_layout;
-  const std::string& scale_search;
+struct AppendArguments {
+  TensorInfo append_key;
+  TensorInfo append_value;
+  TensorInfo batch_indices;
+  TensorInfo positions;
+  CacheArguments caches;
+  TensorInfo kv_indices;
+  TensorInfo kv_indptr;
+  TensorInfo kv_last_page_len;
+  OptionArguments options;
 };
+
+struct AppendWithSlotMappingArguments {
+  TensorInfo append_key;
+  TensorInfo append_value;
+  TensorInfo slot_mapping;
+  CacheArguments caches;
+  OptionArguments options;
+};
+
+// The arguments of one call, read from its stack (schemas in registration.cpp); valid while `boxed` lives.
+AppendArguments read_append_arguments(BoxedArguments& boxed);
+AppendWithSlotMappingArguments read_append_with_slot_mapping_arguments(BoxedArguments& boxed);
 
 // Check every precondition that needs no device data (SPEC section 3) and resolve the geometry the
 // kernels use. They throw before anything is written.
-AppendParams check_append_arguments(const Tensor& append_key, const Tensor& append_value,
-                                    const Tensor& batch_indices, const Tensor& positions,
-                                    const CacheArguments& caches, const Tensor& kv_indices, const Tensor& kv_indptr,
-                                    const Tensor& kv_last_page_len, const ScaleArguments& scales,
-                                    const FormatArguments& format);
-
-AppendParams check_append_with_slot_mapping_arguments(const Tensor& append_key, const Tensor& append_value,
-                                                      const Tensor& slot_mapping, const CacheArguments& caches,
-                                                      const ScaleArguments& scales, const FormatArguments& format);
+AppendParams check_append_arguments(const AppendArguments& args);
+AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappingArguments& args);
 
 }  // namespace nvfp4kv

@@ -23,10 +23,44 @@ template <typename... Parts>
   throw std::invalid_argument(message.str());
 }
 
+// A tensor's metadata, read once through the stable C shim: Tensor's accessors pay one shim call per
+// size or stride and convert dtype and device through chains of shim calls on every use, and the
+// checks run on every decode step. Sizes and strides are borrowed: the tensor must outlive this.
+class TensorInfo {
+ public:
+  explicit TensorInfo(AtenTensorHandle handle);
+  explicit TensorInfo(const Tensor& t) : TensorInfo(t.get()) {}
+
+  int64_t dim() const { return dim_; }
+  int64_t size(int64_t d) const { return sizes_[checked_dim(d)]; }
+  int64_t stride(int64_t d) const { return strides_[checked_dim(d)]; }
+  int64_t numel() const;
+  ScalarType scalar_type() const { return dtype_; }
+  void* data_ptr() const { return data_; }
+  int32_t device_index() const { return device_index_; }
+  bool same_device(const TensorInfo& other) const {
+    return device_type_ == other.device_type_ && device_index_ == other.device_index_;
+  }
+  std::string shape_string() const;   // "[2, 16, 8, 64]"
+  std::string device_string() const;  // "cpu", "cuda:0"
+
+ private:
+  int64_t checked_dim(int64_t d) const {
+    if (d < 0 || d >= dim_) throw_bad_dim(d);
+    return d;
+  }
+  [[noreturn]] void throw_bad_dim(int64_t d) const;
+
+  int64_t dim_;
+  int64_t* sizes_;
+  int64_t* strides_;
+  ScalarType dtype_;
+  int32_t device_type_;  // the shim's device type code
+  int32_t device_index_;
+  void* data_;
+};
+
 std::string dtype_name(ScalarType type);  // "float16", "uint8", ... as torch prints them
-std::string shape_string(const Tensor& t); // "[2, 16, 8, 64]"
-std::string device_string(const Tensor& t); // "cpu", "cuda:0"
-bool same_device(const Tensor& a, const Tensor& b);
 bool is_index_dtype(ScalarType type);
 
 // A positive finite global scale as the fp32 the kernels use (the double is rounded first).

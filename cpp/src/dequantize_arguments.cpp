@@ -10,7 +10,9 @@ namespace {
 constexpr const char* kOp = "dequantize";
 }
 
-DequantizeCall prepare_dequantize(const Tensor& packed, const Tensor& scales, double global_scale) {
+DequantizeCall prepare_dequantize(const Tensor& packed_tensor, const Tensor& scales_tensor, double global_scale) {
+  const TensorInfo packed(packed_tensor);
+  const TensorInfo scales(scales_tensor);
   if (packed.scalar_type() != ScalarType::Byte) {
     fail(kOp, "packed must have dtype uint8, got ", dtype_name(packed.scalar_type()));
   }
@@ -18,24 +20,24 @@ DequantizeCall prepare_dequantize(const Tensor& packed, const Tensor& scales, do
     fail(kOp, "scales must have dtype float8_e4m3fn, got ", dtype_name(scales.scalar_type()));
   }
   if (packed.dim() < 1 || packed.size(packed.dim() - 1) % 8 != 0) {
-    fail(kOp, "packed must have a last dim head_dim/2 that is a multiple of 8, got shape ", shape_string(packed));
+    fail(kOp, "packed must have a last dim head_dim/2 that is a multiple of 8, got shape ", packed.shape_string());
   }
   bool same_leading = scales.dim() == packed.dim() && scales.size(scales.dim() - 1) * 8 == packed.size(packed.dim() - 1);
   for (int64_t d = 0; same_leading && d + 1 < packed.dim(); ++d) same_leading = scales.size(d) == packed.size(d);
   if (!same_leading) {
-    fail(kOp, "scales must have shape [..., head_dim/16] matching packed ", shape_string(packed), ", got ",
-         shape_string(scales));
+    fail(kOp, "scales must have shape [..., head_dim/16] matching packed ", packed.shape_string(), ", got ",
+         scales.shape_string());
   }
-  if (!same_device(scales, packed)) {
-    fail(kOp, "scales must be on the same device as packed (", device_string(packed), "), got ",
-         device_string(scales));
+  if (!scales.same_device(packed)) {
+    fail(kOp, "scales must be on the same device as packed (", packed.device_string(), "), got ",
+         scales.device_string());
   }
   const float scale = checked_global_scale(kOp, "global_scale", global_scale);
 
-  std::vector<int64_t> out_shape(packed.sizes().begin(), packed.sizes().end());
+  std::vector<int64_t> out_shape(packed_tensor.sizes().begin(), packed_tensor.sizes().end());
   out_shape.back() *= 2;
-  DequantizeCall call{torch::stable::new_empty(packed, out_shape, ScalarType::Float),
-                      torch::stable::contiguous(packed), torch::stable::contiguous(scales), {}};
+  DequantizeCall call{torch::stable::new_empty(packed_tensor, out_shape, ScalarType::Float),
+                      torch::stable::contiguous(packed_tensor), torch::stable::contiguous(scales_tensor), {}};
   const int64_t head_dim = out_shape.back();
   call.params = DequantizeParams{static_cast<const uint8_t*>(call.packed.data_ptr()),
                                  static_cast<const uint8_t*>(call.scales.data_ptr()),

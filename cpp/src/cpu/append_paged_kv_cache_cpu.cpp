@@ -57,35 +57,22 @@ void append(const AppendParams& p) {
   }
 }
 
-void append_paged_kv_cache_cpu(Tensor append_key, Tensor append_value, Tensor batch_indices, Tensor positions,
-                               Tensor k_cache, std::optional<Tensor> v_cache, Tensor k_cache_sf,
-                               std::optional<Tensor> v_cache_sf, Tensor kv_indices, Tensor kv_indptr,
-                               Tensor kv_last_page_len, double k_scale, double v_scale, std::string kv_layout,
-                               std::optional<Tensor> k_scale_tensor, std::optional<Tensor> v_scale_tensor,
-                               std::string v_sf_layout, std::string scale_search) {
-  append(check_append_arguments(append_key, append_value, batch_indices, positions,
-                                {k_cache, v_cache, k_cache_sf, v_cache_sf}, kv_indices, kv_indptr, kv_last_page_len,
-                                {k_scale, v_scale, k_scale_tensor, v_scale_tensor},
-                                {kv_layout, v_sf_layout, scale_search}));
+// Boxed kernels: the arguments are read from the dispatcher's stack (boxed_arguments.h).
+void append_paged_kv_cache_cpu(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  BoxedArguments boxed(stack, num_args, num_outputs);
+  append(check_append_arguments(read_append_arguments(boxed)));
 }
 
-void append_paged_kv_cache_with_slot_mapping_cpu(Tensor append_key, Tensor append_value, Tensor slot_mapping,
-                                                 Tensor k_cache, std::optional<Tensor> v_cache, Tensor k_cache_sf,
-                                                 std::optional<Tensor> v_cache_sf, double k_scale, double v_scale,
-                                                 std::string kv_layout, std::optional<Tensor> k_scale_tensor,
-                                                 std::optional<Tensor> v_scale_tensor, std::string v_sf_layout,
-                                                 std::string scale_search) {
-  append(check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping,
-                                                  {k_cache, v_cache, k_cache_sf, v_cache_sf},
-                                                  {k_scale, v_scale, k_scale_tensor, v_scale_tensor},
-                                                  {kv_layout, v_sf_layout, scale_search}));
+void append_paged_kv_cache_with_slot_mapping_cpu(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  BoxedArguments boxed(stack, num_args, num_outputs);
+  append(check_append_with_slot_mapping_arguments(read_append_with_slot_mapping_arguments(boxed)));
 }
 
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(nvfp4kv, CPU, m) {
-  m.impl("append_paged_kv_cache", TORCH_BOX(&append_paged_kv_cache_cpu));
-  m.impl("append_paged_kv_cache_with_slot_mapping", TORCH_BOX(&append_paged_kv_cache_with_slot_mapping_cpu));
+  m.impl("append_paged_kv_cache", &append_paged_kv_cache_cpu);
+  m.impl("append_paged_kv_cache_with_slot_mapping", &append_paged_kv_cache_with_slot_mapping_cpu);
 }
 
 }  // namespace nvfp4kv

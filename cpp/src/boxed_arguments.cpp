@@ -1,0 +1,46 @@
+#include "boxed_arguments.h"
+
+namespace nvfp4kv {
+
+BoxedArguments::BoxedArguments(StableIValue* stack, uint64_t num_args, uint64_t num_outputs)
+    : next_(stack), num_args_(num_args), num_outputs_(num_outputs) {}
+
+void BoxedArguments::expect(const char* op, uint64_t schema_args) const {
+  STD_TORCH_CHECK(num_args_ == schema_args && num_outputs_ == 0, "nvfp4kv.", op, ": the registered schema has ",
+                  num_args_, " arguments and ", num_outputs_, " outputs, the kernel takes ", schema_args,
+                  " and returns nothing");
+}
+
+BoxedArguments::~BoxedArguments() {
+  for (size_t i = 0; i < num_tensors_; ++i) aoti_torch_delete_tensor_object(tensors_[i]);
+}
+
+TensorInfo BoxedArguments::own(AtenTensorHandle handle) {
+  STD_TORCH_CHECK(num_tensors_ < tensors_.size(), "nvfp4kv: too many tensor arguments");
+  tensors_[num_tensors_++] = handle;
+  return TensorInfo(handle);
+}
+
+TensorInfo BoxedArguments::tensor() { return own(torch::stable::detail::to<AtenTensorHandle>(*next_++)); }
+
+std::optional<TensorInfo> BoxedArguments::optional_tensor() {
+  // None, or a heap StableIValue holding the handle (freed by the conversion).
+  const auto handle = torch::stable::detail::to<std::optional<AtenTensorHandle>>(*next_++);
+  if (!handle) return std::nullopt;
+  return own(*handle);
+}
+
+double BoxedArguments::real() { return torch::stable::detail::to<double>(*next_++); }
+
+std::string BoxedArguments::string() {
+  const auto handle = torch::stable::detail::to<StringHandle>(*next_++);
+  const char* data = nullptr;
+  size_t length = 0;
+  STABLE_TORCH_ERROR_CODE_CHECK(torch_string_c_str(handle, &data));
+  STABLE_TORCH_ERROR_CODE_CHECK(torch_string_length(handle, &length));
+  std::string value(data, length);
+  STABLE_TORCH_ERROR_CODE_CHECK(torch_delete_string(handle));
+  return value;
+}
+
+}  // namespace nvfp4kv
