@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional, Tuple, Union
 
 import torch
-from torch.compiler import is_compiling
+from torch.compiler import is_dynamo_compiling
 
 from . import debug_checks
 
@@ -43,7 +43,7 @@ def _op_arguments(paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_s
 
 
 # Eagerly the API calls an overload's C++ entry point (_op), skipping OpOverload.__call__'s Python frame;
-# torch.compile cannot trace _op and gets the OpOverload itself.
+# TorchDynamo (torch.compile, strict export) cannot trace _op and gets the OpOverload itself.
 _APPEND = torch.ops.nvfp4kv.append_paged_kv_cache.default
 _APPEND_WITH_SLOT_MAPPING = torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping.default
 
@@ -84,7 +84,7 @@ def nvfp4_quantize_append_paged_kv_cache(
         debug_checks.check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf,
                                   kv_indices, kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor,
                                   v_tensor, v_sf_layout, scale_search)
-    append = _APPEND if is_compiling() else _APPEND._op
+    append = _APPEND if is_dynamo_compiling() else _APPEND._op
     append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices, kv_indptr,
            kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
 
@@ -114,7 +114,7 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
         debug_checks.check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf,
                                                     v_sf, k_value, v_value, kv_layout, k_tensor, v_tensor,
                                                     v_sf_layout, scale_search)
-    append = _APPEND_WITH_SLOT_MAPPING if is_compiling() else _APPEND_WITH_SLOT_MAPPING._op
+    append = _APPEND_WITH_SLOT_MAPPING if is_dynamo_compiling() else _APPEND_WITH_SLOT_MAPPING._op
     append(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value, v_value, kv_layout,
            k_tensor, v_tensor, v_sf_layout, scale_search)
 
