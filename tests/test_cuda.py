@@ -128,7 +128,9 @@ def test_large_prefill_kernels(head_dim, num_heads, batch_size, max_tokens, dtyp
 def test_every_forced_kernel_mode():
     """NVFP4KV_KERNEL (a tuning aid read once per process) forces a kernel for every aligned call:
     each mode must give the CPU's bytes on decode and prefill cases, with each recipe and V-scale layout
-    (the last case is large enough for the pair kernel in auto mode too)."""
+    (the last case is large enough for the pair kernel in auto mode too). So must the automatic choice
+    with the other tuning switches off: no programmatic launch, warp 0 quantizing in the page-table
+    pair kernel, a division per block."""
     code = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(TESTS_DIR)!r})
@@ -153,10 +155,34 @@ def test_every_forced_kernel_mode():
                         (kw, options, name)
         print("OK")
     """)
-    for mode in ("auto", "pair", "oneshot", "split"):
-        env = {**os.environ, "NVFP4KV_KERNEL": mode}
+    switches_off = dict(NVFP4KV_PDL="0", NVFP4KV_CHAIN_WARP="0", NVFP4KV_HOISTED_DIVISION="0")
+    for mode, switches in (("auto", {}), ("pair", {}), ("oneshot", {}), ("split", {}), ("auto", switches_off)):
+        env = {**os.environ, "NVFP4KV_KERNEL": mode, **switches}
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-        assert result.returncode == 0 and "OK" in result.stdout, (mode, result.stdout + result.stderr)
+        assert result.returncode == 0 and "OK" in result.stdout, (mode, switches, result.stdout + result.stderr)
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_back_to_back_appends_keep_stream_order(decode):
+    """Kernels are launched programmatically on sm_90+ (they may start before the previous kernel of the
+    stream ends). Appends of different values into the SAME slots, back to back without a sync, must
+    still land in stream order: the last one's bytes win everywhere, as on the CPU."""
+    kw = dict(decode=True, batch_size=64) if decode else dict(batch_size=6, max_tokens=600)
+    first = make_append_case(num_heads=8, head_dim=128, seed=61, **kw)
+    g = torch.Generator().manual_seed(62)
+    second_values = dict(append_key=torch.randn(first.append_key.shape, generator=g).to(first.append_key.dtype),
+                         append_value=torch.randn(first.append_value.shape, generator=g).to(first.append_value.dtype))
+    cpu = first.cloned()
+    append(cpu)
+    cpu_second = cpu.__class__(**{**cpu.__dict__, **second_values})
+    append(cpu_second)
+    gpu = first.to("cuda")
+    gpu_second = gpu.__class__(**{**gpu.__dict__, **{k: v.cuda() for k, v in second_values.items()}})
+    for _ in range(10):
+        append(gpu)
+        append(gpu_second)
+    torch.cuda.synchronize()
+    assert_same_caches(gpu_second, cpu_second, "after alternating appends:")
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])

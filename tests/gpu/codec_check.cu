@@ -8,6 +8,9 @@
 //   3. block_quantizer::scale_value equals codec::e4m3_to_float for every finite scale byte.
 //   4. block_quantizer::quantize_blocks equals codec::quantize_block on random blocks with zeros,
 //      subnormals, infinities, NaNs and outliers, for bf16 and fp16 and global scales from 1e-38 to 1e38.
+//   5. the scale byte of block_quantizer::scale_quotient (a / 6s from a reciprocal hoisted per global
+//      scale) equals that of the IEEE division __fdiv_rn for every non-negative fp32 a and +inf, for
+//      kQuotientScales values of 6 s inside, at the ends of and beyond the hoisted range.
 //
 // Build: nvcc -std=c++17 -O3 -arch=sm_90 --fmad=false --prec-div=true --ftz=false
 //        -Icpp/include -Icpp/src tests/gpu/codec_check.cu -o codec_check
@@ -135,13 +138,14 @@ __global__ void check_blocks(uint32_t seed, unsigned long long* bad, unsigned lo
     my_table[b] = block_quantizer::reciprocal_entry(uint8_t(b), s);
   }
   const float six_s = 6.0f * s;
+  const float inverse = block_quantizer::division_inverse(six_s);
   const float* tables[1] = {my_table};
   uint2 data[1];
   uint8_t sf[1];
   if (id & 1) {  // the table path and the direct path
-    block_quantizer::quantize_blocks<kBF16, 1, true>(w, &s, &six_s, tables, data, sf);
+    block_quantizer::quantize_blocks<kBF16, 1, true>(w, &s, &six_s, &inverse, tables, data, sf);
   } else {
-    block_quantizer::quantize_blocks<kBF16, 1, false>(w, &s, &six_s, tables, data, sf);
+    block_quantizer::quantize_blocks<kBF16, 1, false>(w, &s, &six_s, &inverse, tables, data, sf);
   }
   uint64_t expected_packed;
   const uint8_t expected_sf = codec::quantize_block(x, s, expected_packed);
@@ -155,6 +159,47 @@ __global__ void check_blocks(uint32_t seed, unsigned long long* bad, unsigned lo
   }
   if (expected_sf == codec::kE4M3NaN) atomicAdd(nan_blocks, 1ull);
 }
+
+// The scale quotient from a hoisted reciprocal gives the scale byte of the IEEE division for every
+// non-negative fp32 absmax (and +inf), for 6 s given by bits (one scale per launch).
+__global__ void check_scale_quotient(uint32_t high, uint32_t six_s_bits, unsigned long long* bad) {
+  const uint32_t bits = (high << 24) | (blockIdx.x * blockDim.x + threadIdx.x);
+  if (bits > 0x7F800000u) return;  // NaN absmax: the block is discarded
+  const float a = __uint_as_float(bits);
+  const float six_s = __uint_as_float(six_s_bits);
+  const float inverse = block_quantizer::division_inverse(six_s);
+  const uint8_t fast = block_quantizer::scale_byte(block_quantizer::scale_quotient(a, six_s, inverse));
+  const uint8_t exact = block_quantizer::scale_byte(__fdiv_rn(a, six_s));
+  if (fast != exact) {
+    const unsigned long long n = atomicAdd(bad, 1ull);
+    if (n < 4) printf("scale quotient mismatch: a=%a 6s=%a: %02x vs %02x\n", a, six_s, fast, exact);
+  }
+}
+
+// 6 s values for check_scale_quotient: the ends of the hoisted range, powers of two, all-ones
+// mantissas, 6 x calibrated scales, and pseudo-random values over the whole range.
+uint32_t six_s_sample(uint32_t i) {
+  const float fixed[] = {0x1p-60f, 0x1p60f, 0x1.fffffep-61f, 0x1.000002p60f, 1.0f, 6.0f, 0x1.fffffep0f,
+                         0x1.fffffep-1f, 0x1.800002p3f, 1.0f / 448.0f, 6.0f / 2688.0f, 3.0f / 7.0f};
+  constexpr uint32_t kFixed = sizeof(fixed) / sizeof(fixed[0]);
+  float v;
+  if (i < kFixed) {
+    v = fixed[i];
+  } else {
+    uint32_t h = (i + 0x9e3779b9u) * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const uint32_t exponent = 127 - 62 + (h % 125);  // 2^-62 .. 2^62: both ends of the range and beyond
+    uint32_t b = (exponent << 23) | ((h * 3266489917u) >> 9);
+    std::memcpy(&v, &b, 4);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return bits;
+}
+
+constexpr uint32_t kQuotientScales = 160;
 
 uint64_t host_e2m1_mismatches() {
   uint64_t bad = 0;
@@ -182,6 +227,9 @@ int main(int argc, char** argv) {
     check_e4m3<<<1 << 16, 256>>>(high, bad + 1);
   }
   check_scale_values<<<1, 256>>>(bad + 2);
+  for (uint32_t i = 0; i < kQuotientScales; ++i) {
+    for (uint32_t high = 0; high < 128; ++high) check_scale_quotient<<<1 << 16, 256>>>(high, six_s_sample(i), aux + 2);
+  }
   for (uint32_t round = 0; round < 16; ++round) {
     check_blocks<true><<<4096, 256>>>(round * 7919u + 1, bad + 3, aux);
     check_blocks<false><<<4096, 256>>>(round * 104729u + 2, bad + 3, aux + 1);
@@ -202,7 +250,9 @@ int main(int argc, char** argv) {
   std::printf("scale_value vs codec::e4m3_to_float, bytes 0..0x7E: %llu mismatches\n", bad[2]);
   std::printf("quantize_blocks vs codec::quantize_block, %d random blocks (%llu + %llu with NaN): %llu mismatches\n",
               16 * 2 * 4096 * 256, aux[0], aux[1], bad[3]);
-  const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0;
+  std::printf("scale byte of the hoisted-reciprocal quotient vs __fdiv_rn, all fp32 in [0, +inf], %u scales: "
+              "%llu mismatches\n", kQuotientScales, aux[2]);
+  const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0 && aux[2] == 0;
   std::printf(ok ? "codec_check: PASS\n" : "codec_check: FAIL\n");
   return ok ? 0 : 1;
 }

@@ -16,6 +16,7 @@
 // input loads of a warp are contiguous, and so are its packed stores in the NHD layout.
 //
 // Order inside a thread, chosen so that loads overlap:
+//   0. wait for the previous kernel of the stream (programmatic launch, programmatic_launch.cuh);
 //   1. issue the input loads (they depend on no index) and the row's level-1 index loads;
 //   2. fill the CTA's reciprocal tables (pair mode) while they are in flight;
 //   3. resolve the index chain up to issuing the load of the page id (batch index -> kv_indptr ->
@@ -23,7 +24,7 @@
 //      bet b == row (decode), which removes one dependent load. Every index used for a load is
 //      clamped into its tensor and a flag says whether the row is written. In pair mode with at least
 //      9 threads per row, warp 0 resolves the chains of all the CTA's rows (one per lane) for the
-//      whole CTA (append_paged_kv_cache_pair_kernel);
+//      whole CTA, and in the page-table variant does nothing else (append_paged_kv_cache_pair_kernel);
 //   4. quantize (block_quantizer.cuh, the optional 4-over-6 recipe included) while the
 //      page id is in flight;
 //   5. store 8 or 16 packed bytes and 1 or 2 scale bytes per tensor (V scales byte by byte in the
@@ -37,6 +38,7 @@
 
 #include "block_quantizer.cuh"
 #include "kernels.h"
+#include "programmatic_launch.cuh"
 
 namespace nvfp4kv {
 namespace {
@@ -76,6 +78,9 @@ struct LaunchArgs {
   bool speculate_batch;     // nnz == batch_size: load kv_indptr[row] early, betting b == row
   bool store16;             // 16-byte packed stores (even kBlocks and every data view 16-byte aligned)
   bool scale_store16;       // 2-byte scale stores (even kBlocks and every scale view 2-byte aligned)
+  bool hoisted_division;    // table modes: a / (6 s) from a reciprocal per global scale (block_quantizer)
+  uint32_t cta_items;       // pair kernel: items per CTA (kThreads, or kThreads - 32 with a chain-only warp)
+  uint32_t item_offset;     // pair kernel: threads below this one quantize nothing (0 or 32)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -284,12 +289,13 @@ struct Quantized {
   float v_scale;
 };
 
-// Quantize an item. `reciprocal` is the CTA's table pair when kTables (split mode computes
-// 1 / (sf * s) per block: one block per thread gains nothing from a table).
+// Quantize an item. `reciprocal` and `inverses` (division_inverse of 6 s for K and V) are the CTA's
+// shared tables when kTables (split mode computes 1 / (sf s) and divides: one block per thread gains
+// nothing from a table, and the hoisted reciprocal would only add its latency).
 template <bool kBF16, int kBlocks, bool kSplit, bool kFourOverSix, bool kTables>
 __device__ __forceinline__ Quantized<kSplit ? kBlocks : 2 * kBlocks> quantize_item(
     const AppendParams& p, const Item& it, const uint32_t* w,
-    const float (*reciprocal)[block_quantizer::kReciprocalTableSize], const float* scaled) {
+    const float (*reciprocal)[block_quantizer::kReciprocalTableSize], const float* inverses, const float* scaled) {
   constexpr int kN = kSplit ? kBlocks : 2 * kBlocks;
   Quantized<kN> q;
   q.k_scale = global_scale(p, it.is_value);  // split mode: the item's tensor
@@ -313,15 +319,17 @@ __device__ __forceinline__ Quantized<kSplit ? kBlocks : 2 * kBlocks> quantize_it
           kTables ? reciprocal[i < kBlocks ? it.is_value : true] : nullptr, scaled, q.data[i]);
     }
   } else {
-    float s[kN], six_s[kN];
+    float s[kN], six_s[kN], inverse[kN];
     const float* tables[kN];
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
+      const bool value = i < kBlocks ? it.is_value : true;
       s[i] = i < kBlocks ? q.k_scale : q.v_scale;
       six_s[i] = codec::kE2M1MaxValue * s[i];  // SPEC step 3: 6 * s rounded first
-      tables[i] = kTables ? reciprocal[i < kBlocks ? it.is_value : true] : nullptr;
+      inverse[i] = kTables ? inverses[value] : 0.0f;  // split mode: one block, the IEEE division
+      tables[i] = kTables ? reciprocal[value] : nullptr;
     }
-    block_quantizer::quantize_blocks<kBF16, kN, kTables>(w, s, six_s, tables, q.data, q.sf);
+    block_quantizer::quantize_blocks<kBF16, kN, kTables>(w, s, six_s, inverse, tables, q.data, q.sf);
   }
   return q;
 }
@@ -347,12 +355,19 @@ __device__ __forceinline__ void store_item(const AppendParams& p, const LaunchAr
 
 // SPEC step 5 as tables, one per global scale: reciprocal[t][byte] = 1 / (float(byte) * s_t) or 0.
 // Every thread of the CTA writes one entry; the caller syncs before use.
-__device__ __forceinline__ void fill_reciprocal_tables(const AppendParams& p,
-                                                       float (*reciprocal)[block_quantizer::kReciprocalTableSize]) {
+// inverses[t] = division_inverse(6 s_t) comes with them (0, i.e. IEEE division, without
+// a.hoisted_division).
+__device__ __forceinline__ void fill_reciprocal_tables(const AppendParams& p, const LaunchArgs& a,
+                                                       float (*reciprocal)[block_quantizer::kReciprocalTableSize],
+                                                       float* inverses) {
   static_assert(kThreads == 2 * block_quantizer::kReciprocalTableSize, "one table entry per thread");
   const bool value = threadIdx.x >= block_quantizer::kReciprocalTableSize;
   const uint32_t byte = threadIdx.x % block_quantizer::kReciprocalTableSize;
-  reciprocal[value][byte] = block_quantizer::reciprocal_entry(uint8_t(byte), global_scale(p, value));
+  const float s = global_scale(p, value);
+  reciprocal[value][byte] = block_quantizer::reciprocal_entry(uint8_t(byte), s);
+  if (byte == 0) {
+    inverses[value] = a.hoisted_division ? block_quantizer::division_inverse(codec::kE2M1MaxValue * s) : 0.0f;
+  }
 }
 
 // The 4-over-6 recipe's m by scale byte (block_quantizer::scaled_scale_entry), one global table.
@@ -369,54 +384,63 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
     append_paged_kv_cache_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
   constexpr bool kTables = !kSplit;
   __shared__ float reciprocal[kTables ? 2 : 1][block_quantizer::kReciprocalTableSize];
+  __shared__ float inverses[2];
   __shared__ float scaled[kTables && kFourOverSix ? block_quantizer::kReciprocalTableSize : 1];
   const uint32_t index = blockIdx.x * kThreads + threadIdx.x;
   const bool active = index < a.items;
   const Item it = locate<kSplit, kBlocks>(index, a);
   uint32_t w[8 * (kSplit ? kBlocks : 2 * kBlocks)];
   RowIndices r{};
+  programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
+  programmatic_launch::allow_next_kernel();
   if (active) {
     load_item<kBlocks, kVector, kSplit>(p, it, w);
     r = load_row_indices<Index>(p, a, it.row);
   }
   if constexpr (kTables) {
-    fill_reciprocal_tables(p, reciprocal);
+    fill_reciprocal_tables(p, a, reciprocal, inverses);
     if constexpr (kFourOverSix) fill_scaled_table(scaled);
     __syncthreads();
   }
   if (!active) return;
   const Target target = start_target<Index>(p, a, it.row, r);
-  const auto q = quantize_item<kBF16, kBlocks, kSplit, kFourOverSix, kTables>(p, it, w, reciprocal, scaled);
+  const auto q = quantize_item<kBF16, kBlocks, kSplit, kFourOverSix, kTables>(p, it, w, reciprocal, inverses, scaled);
   store_item<kVector, kBlocks, kSplit>(p, a, it, q, target);
 }
 
 // Pair mode for calls with at least kMinItemsPerRowForSharedChain threads per row, so that a CTA
 // spans at most 32 rows: warp 0 resolves the index chain of every row of the CTA, one row per lane,
-// while the other warps quantize; they meet at a named barrier before the stores. The chain then
-// costs one warp's instructions per CTA instead of one per warp, and only warp 0 waits for it.
+// and publishes the targets through a named barrier (`bar.arrive` / `bar.sync` before the stores).
+// The chain then costs one warp's instructions per CTA instead of one per warp. With a chain-only
+// warp (a.item_offset == 32: the page-table variant, whose chain is three dependent loads) warp 0
+// quantizes nothing and the CTA takes 224 items, so the CTA no longer waits for a warp 0 that
+// started quantizing late; otherwise warp 0 quantizes its own items after publishing the targets.
 constexpr uint32_t kMinItemsPerRowForSharedChain = 9;  // rows per CTA <= 255 / 9 + 2 = 30
 
 template <bool kBF16, int kBlocks, typename Index, bool kFourOverSix>
 __global__ void __launch_bounds__(kThreads, kFourOverSix ? 3 : 4)  // 64 registers (4-over-6: 80)
     append_paged_kv_cache_pair_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
   __shared__ float reciprocal[2][block_quantizer::kReciprocalTableSize];
+  __shared__ float inverses[2];
   __shared__ float scaled[kFourOverSix ? block_quantizer::kReciprocalTableSize : 1];
   __shared__ Target targets[32];
-  const uint32_t first_item = blockIdx.x * kThreads;
+  const uint32_t first_item = blockIdx.x * a.cta_items;
   const uint32_t first_row = a.items_per_row.div(first_item);
-  const uint32_t index = first_item + threadIdx.x;
-  const bool active = index < a.items;
+  const uint32_t index = first_item + threadIdx.x - a.item_offset;
+  const bool active = threadIdx.x >= a.item_offset && index < a.items;
   const Item it = locate<false, kBlocks>(index, a);
   uint32_t w[16 * kBlocks];
+  programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
+  programmatic_launch::allow_next_kernel();
   if (active) load_item<kBlocks, true, false>(p, it, w);
 
   const bool chain_warp = threadIdx.x < 32;
-  const uint32_t last_item = (a.items - first_item < kThreads ? a.items : first_item + kThreads) - 1;
+  const uint32_t last_item = (a.items - first_item < a.cta_items ? a.items : first_item + a.cta_items) - 1;
   const uint32_t rows = a.items_per_row.div(last_item) - first_row + 1;
   const int64_t chain_row = a.row_begin + first_row + threadIdx.x;
   RowIndices r{};
   if (chain_warp && threadIdx.x < rows) r = load_row_indices<Index>(p, a, chain_row);
-  fill_reciprocal_tables(p, reciprocal);
+  fill_reciprocal_tables(p, a, reciprocal, inverses);
   if constexpr (kFourOverSix) fill_scaled_table(scaled);
   __syncthreads();  // the tables are complete
 
@@ -426,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, kFourOverSix ? 3 : 4)  // 64 registe
     asm volatile("bar.arrive 1, %0;" ::"n"(kThreads) : "memory");  // targets published
   }
   Quantized<2 * kBlocks> q;
-  if (active) q = quantize_item<kBF16, kBlocks, false, kFourOverSix, true>(p, it, w, reciprocal, scaled);
+  if (active) q = quantize_item<kBF16, kBlocks, false, kFourOverSix, true>(p, it, w, reciprocal, inverses, scaled);
   if (!chain_warp) asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // wait for the targets
   if (active) store_item<true, kBlocks, false>(p, a, it, q, targets[it.row - a.row_begin - first_row]);
 }
@@ -472,8 +496,27 @@ int forced_mode() {
   return mode;
 }
 
+// NVFP4KV_HOISTED_DIVISION=0 makes the table modes divide per block (a tuning aid).
+bool hoisted_division_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("NVFP4KV_HOISTED_DIVISION");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+// NVFP4KV_CHAIN_WARP=0 lets warp 0 of the pair kernel quantize too in the page-table variant (a tuning aid).
+bool chain_only_warp_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("NVFP4KV_CHAIN_WARP");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
 template <bool kBF16, bool kVector, int kBlocks, bool kSplit, typename Index, bool kFourOverSix = false>
 void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
+  const bool programmatic = programmatic_launch::enabled_on_current_device();
   const uint32_t per_row = a.items_per_row.d;
   const int64_t rows_per_launch = ((int64_t(1) << 31) - kThreads) / per_row;
   for (int64_t row = 0; row < p.nnz; row += rows_per_launch) {
@@ -483,12 +526,19 @@ void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
     const dim3 grid((a.items + kThreads - 1) / kThreads);
     if constexpr (kVector && !kSplit) {
       if (per_row >= kMinItemsPerRowForSharedChain && forced_mode() != kForceOneShot) {
-        append_paged_kv_cache_pair_kernel<kBF16, kBlocks, Index, kFourOverSix><<<grid, kThreads, 0, stream>>>(p, a);
+        const auto kernel = append_paged_kv_cache_pair_kernel<kBF16, kBlocks, Index, kFourOverSix>;
+        // The page table's chain (three dependent loads) gets a warp of its own; the slot mapping's
+        // (one load) and the compute-bound 4-over-6 recipe keep warp 0 quantizing too.
+        const bool chain_only = p.slot_mapping.data == nullptr && !kFourOverSix && chain_only_warp_enabled();
+        a.item_offset = chain_only ? 32 : 0;
+        a.cta_items = kThreads - a.item_offset;
+        const dim3 grid((a.items + a.cta_items - 1) / a.cta_items);
+        programmatic_launch::launch(kernel, grid, dim3(kThreads), stream, programmatic, p, a);
         continue;
       }
     }
-    append_paged_kv_cache_kernel<kBF16, kVector, kBlocks, kSplit, Index, kFourOverSix>
-        <<<grid, kThreads, 0, stream>>>(p, a);
+    programmatic_launch::launch(append_paged_kv_cache_kernel<kBF16, kVector, kBlocks, kSplit, Index, kFourOverSix>,
+                                grid, dim3(kThreads), stream, programmatic, p, a);
   }
 }
 
@@ -567,6 +617,7 @@ int launch_append_paged_kv_cache(const AppendParams& p, void* stream, const char
   a.page_size = Divisor::make(small_pages ? uint32_t(p.page_size) : 1u);
   a.quotient_limit = small_pages ? uint64_t(1) << 31 : 0;
   a.speculate_batch = !slot_mapping && p.nnz == p.batch_size;
+  a.hoisted_division = hoisted_division_enabled();
   a.store16 = plan.blocks >= 2 && cache_aligned(p.k_data, 16) && cache_aligned(p.v_data, 16);
   a.scale_store16 =
       plan.blocks >= 2 && cache_aligned(p.k_scales, 2) && cache_aligned(p.v_scales, 2) && !p.v_scales_trtllm;

@@ -7,7 +7,7 @@
 // operand modifiers (FADD, FFMA, FFMA), two minima and one shift-add into the packed word: about 8.5
 // instructions, most of them on the FP32 pipe so that the half-rate ALU pipe is not the limit (a third
 // minimum saturates |y| in the rare blocks where some |y| >= 7). Per block: |max| over packed half2
-// words (7 + 3 instructions), the division a / (6 s), the E4M3 rounding (one hardware conversion on
+// words (7 + 3 instructions), the quotient a / (6 s) (3 operations with a reciprocal hoisted per global scale), the E4M3 rounding (one hardware conversion on
 // sm_89+), the reciprocal (a shared-memory table lookup, or computed), and the signs of 16 values from
 // 10 byte permutes / logic ops on the input words.
 #pragma once
@@ -112,6 +112,26 @@ __device__ __forceinline__ float reciprocal_entry(uint8_t byte, float s) {
 
 constexpr int kReciprocalTableSize = 128;
 
+// SPEC step 3's division t = a / (6 s) without a division per block. inverse = RN(1 / (6 s)) is
+// computed once per global scale (division_inverse); per block q0 = RN(a inverse), the residual
+// a - 6s q0 is exact in one FMA, and q0 + residual * inverse rounded once is RN(a / 6s) (Markstein's
+// theorem: inverse correctly rounded, q0 within one ulp). Every intermediate stays normal for
+// 6 s in [2^-60, 2^60] whenever the quotient can reach a nonzero scale byte (t >= 2^-12 needs
+// a >= 2^-72); smaller quotients stay far below 2^-10, which rounds to byte 0 either way. a = inf or
+// a quotient beyond fp32 gives inf or NaN, which the minimum maps to 512: byte 448, as inf gives.
+// division_inverse returns 0 outside that range and block_scale divides then. tests/gpu/codec_check.cu
+// compares both against __fdiv_rn for every non-negative fp32 a and hundreds of scales.
+__device__ __forceinline__ float division_inverse(float six_s) {
+  return six_s >= 0x1p-60f && six_s <= 0x1p60f ? __frcp_rn(six_s) : 0.0f;
+}
+
+__device__ __forceinline__ float scale_quotient(float absmax, float six_s, float inverse) {
+  if (inverse == 0.0f) return __fdiv_rn(absmax, six_s);
+  const float q0 = __fmul_rn(absmax, inverse);
+  const float residual = __fmaf_rn(-six_s, q0, absmax);
+  return fminf(__fmaf_rn(residual, inverse, q0), 512.0f);
+}
+
 struct Scale {
   float r;       // 1 / (sf * s), or 0 (SPEC step 5)
   uint8_t byte;  // E4M3 scale byte
@@ -119,12 +139,13 @@ struct Scale {
   bool small;    // every |x * r| < 7: the codes need no saturation (see encode8)
 };
 
-// SPEC steps 3-5 for a block with absolute maximum `absmax` and global scale s (six_s = 6 * s), with
-// the reciprocal from the table of s (kTable) or computed here.
+// SPEC steps 3-5 for a block with absolute maximum `absmax` and global scale s (six_s = 6 * s,
+// inverse = division_inverse(six_s)), with the reciprocal from the table of s (kTable) or computed here.
 template <bool kTable>
-__device__ __forceinline__ Scale block_scale(float absmax, float s, float six_s, const float* reciprocal) {
+__device__ __forceinline__ Scale block_scale(float absmax, float s, float six_s, float inverse,
+                                             const float* reciprocal) {
   Scale scale;
-  scale.byte = scale_byte(__fdiv_rn(absmax, six_s));
+  scale.byte = scale_byte(scale_quotient(absmax, six_s, inverse));
   // sf == 0 (also a == 0, which gives t == 0) -> r = 0.
   if constexpr (kTable) {
     scale.r = reciprocal[scale.byte];
@@ -174,17 +195,18 @@ __device__ __forceinline__ uint2 encode16(const uint32_t* w, float r) {
   return make_uint2(encode8<kBF16, kSaturate>(w, r), encode8<kBF16, kSaturate>(w + 4, r));
 }
 
-// SPEC section 2 for kN blocks (words w[8 * kN]); block i uses global scale s[i], six_s[i] = 6 * s[i]
-// and, with kTables, the reciprocal table reciprocal[i]. Writes the 8 data bytes of each block to
+// SPEC section 2 for kN blocks (words w[8 * kN]); block i uses global scale s[i], six_s[i] = 6 * s[i],
+// inverse[i] = division_inverse(six_s[i]) and, with kTables, the reciprocal table reciprocal[i]. Writes the 8 data bytes of each block to
 // data[i] (byte k in bits 8k..8k+7) and its scale byte to sf[i].
 template <bool kBF16, int kN, bool kTables>
 __device__ __forceinline__ void quantize_blocks(const uint32_t* w, const float* s, const float* six_s,
-                                                const float* const* reciprocal, uint2* data, uint8_t* sf) {
+                                                const float* inverse, const float* const* reciprocal, uint2* data,
+                                                uint8_t* sf) {
   Scale scale[kN];
   bool small = true;
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
-    scale[i] = block_scale<kTables>(block_abs_max<kBF16>(w + 8 * i), s[i], six_s[i], reciprocal[i]);
+    scale[i] = block_scale<kTables>(block_abs_max<kBF16>(w + 8 * i), s[i], six_s[i], inverse[i], reciprocal[i]);
     small = small && scale[i].small;
   }
   if (small) {
