@@ -526,14 +526,14 @@ void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
     const dim3 grid((a.items + kThreads - 1) / kThreads);
     if constexpr (kVector && !kSplit) {
       if (per_row >= kMinItemsPerRowForSharedChain && forced_mode() != kForceOneShot) {
-        const auto kernel = append_paged_kv_cache_pair_kernel<kBF16, kBlocks, Index, kFourOverSix>;
         // The page table's chain (three dependent loads) gets a warp of its own; the slot mapping's
         // (one load) and the compute-bound 4-over-6 recipe keep warp 0 quantizing too.
         const bool chain_only = p.slot_mapping.data == nullptr && !kFourOverSix && chain_only_warp_enabled();
         a.item_offset = chain_only ? 32 : 0;
         a.cta_items = kThreads - a.item_offset;
         const dim3 grid((a.items + a.cta_items - 1) / a.cta_items);
-        programmatic_launch::launch(kernel, grid, dim3(kThreads), stream, programmatic, p, a);
+        programmatic_launch::launch(append_paged_kv_cache_pair_kernel<kBF16, kBlocks, Index, kFourOverSix>, grid,
+                                    dim3(kThreads), stream, programmatic, p, a);
         continue;
       }
     }
