@@ -46,6 +46,8 @@ def _op_arguments(paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_s
 # TorchDynamo (torch.compile, strict export) cannot trace _op and gets the OpOverload itself.
 _APPEND = torch.ops.nvfp4kv.append_paged_kv_cache.default
 _APPEND_WITH_SLOT_MAPPING = torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping.default
+_APPEND_OP = _APPEND._op
+_APPEND_WITH_SLOT_MAPPING_OP = _APPEND_WITH_SLOT_MAPPING._op
 
 
 def nvfp4_quantize_append_paged_kv_cache(
@@ -78,13 +80,21 @@ def nvfp4_quantize_append_paged_kv_cache(
     v_sf_layout: "linear" (FA2/XQA kernels) or "trtllm" (V scales 4-token interleaved, for trtllm-gen).
     scale_search: "none" (SPEC) or "4over6" (per block, the 4-targeted scale when it has less error).
     """
+    # The call of every layer of every decode step: (K, V) tuples, float scales, eager, no debug checks.
+    if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
+            type(v_scale) is float and len(paged_kv_cache) == 2 and len(kv_cache_sf) == 2 and \
+            not debug_checks.ENABLED and not is_dynamo_compiling():
+        _APPEND_OP(append_key, append_value, batch_indices, positions, paged_kv_cache[0], paged_kv_cache[1],
+                   kv_cache_sf[0], kv_cache_sf[1], kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
+                   kv_layout, None, None, v_sf_layout, scale_search)
+        return
     k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
         paged_kv_cache, kv_cache_sf, k_scale, v_scale)
     if debug_checks.ENABLED:
         debug_checks.check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf,
                                   kv_indices, kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor,
                                   v_tensor, v_sf_layout, scale_search)
-    append = _APPEND if is_dynamo_compiling() else _APPEND._op
+    append = _APPEND if is_dynamo_compiling() else _APPEND_OP
     append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices, kv_indptr,
            kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
 
@@ -108,13 +118,20 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     slot_mapping[i] // page_size, entry slot_mapping[i] % page_size. Negative slots are padding
     (skipped), and so are slots at or beyond max_num_pages * page_size. Rows past n are ignored.
     """
+    if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
+            type(v_scale) is float and len(paged_kv_cache) == 2 and len(kv_cache_sf) == 2 and \
+            not debug_checks.ENABLED and not is_dynamo_compiling():
+        _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, paged_kv_cache[0], paged_kv_cache[1],
+                                     kv_cache_sf[0], kv_cache_sf[1], k_scale, v_scale, kv_layout, None, None,
+                                     v_sf_layout, scale_search)
+        return
     k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
         paged_kv_cache, kv_cache_sf, k_scale, v_scale)
     if debug_checks.ENABLED:
         debug_checks.check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf,
                                                     v_sf, k_value, v_value, kv_layout, k_tensor, v_tensor,
                                                     v_sf_layout, scale_search)
-    append = _APPEND_WITH_SLOT_MAPPING if is_dynamo_compiling() else _APPEND_WITH_SLOT_MAPPING._op
+    append = _APPEND_WITH_SLOT_MAPPING if is_dynamo_compiling() else _APPEND_WITH_SLOT_MAPPING_OP
     append(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value, v_value, kv_layout,
            k_tensor, v_tensor, v_sf_layout, scale_search)
 
