@@ -7,9 +7,9 @@
 // operand modifiers (FADD, FFMA, FFMA), two minima and one shift-add into the packed word: about 8.5
 // instructions, most of them on the FP32 pipe so that the half-rate ALU pipe is not the limit (a third
 // minimum saturates |y| in the rare blocks where some |y| >= 7). Per block: |max| over packed half2
-// words (7 + 3 instructions), the quotient a / (6 s) (3 operations with a reciprocal hoisted per global scale), the E4M3 rounding (one hardware conversion on
-// sm_89+), the reciprocal (a shared-memory table lookup, or computed), and the signs of 16 values from
-// 10 byte permutes / logic ops on the input words.
+// words (7 + 3 instructions), the quotient a / (6 s) (3 operations with a reciprocal hoisted per global
+// scale), the E4M3 rounding (one hardware conversion on sm_89+), the reciprocal (a shared-memory table
+// lookup, or computed), and the signs of 16 values from 10 byte permutes / logic ops on the input words.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -196,8 +196,9 @@ __device__ __forceinline__ uint2 encode16(const uint32_t* w, float r) {
 }
 
 // SPEC section 2 for kN blocks (words w[8 * kN]); block i uses global scale s[i], six_s[i] = 6 * s[i],
-// inverse[i] = division_inverse(six_s[i]) and, with kTables, the reciprocal table reciprocal[i]. Writes the 8 data bytes of each block to
-// data[i] (byte k in bits 8k..8k+7) and its scale byte to sf[i].
+// inverse[i] = division_inverse(six_s[i]) (0: divide) and, with kTables, the reciprocal table
+// reciprocal[i]. Writes the 8 data bytes of each block to data[i] (byte k in bits 8k..8k+7) and its
+// scale byte to sf[i].
 template <bool kBF16, int kN, bool kTables>
 __device__ __forceinline__ void quantize_blocks(const uint32_t* w, const float* s, const float* six_s,
                                                 const float* inverse, const float* const* reciprocal, uint2* data,
