@@ -425,6 +425,7 @@ def host_overhead(rounds: int, calls: int) -> Dict[str, float]:
             per_call[name].append((time.perf_counter() - t0) / calls * 1e6)
             torch.cuda.synchronize()
     results = {name: statistics.median(times) for name, times in per_call.items()}
+
     def ratio(name: str) -> float:
         return statistics.median(a / b for a, b in zip(per_call[name], per_call["index_copy_us"]))
 
