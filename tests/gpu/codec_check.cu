@@ -11,6 +11,10 @@
 //   5. the scale byte of block_quantizer::scale_quotient (a / 6s from a reciprocal hoisted per global
 //      scale) equals that of the IEEE division __fdiv_rn for every non-negative fp32 a and +inf, for
 //      kQuotientScales values of 6 s inside, at the ends of and beyond the hoisted range.
+//   6. block_quantizer::quantize_block_four_over_six_fast (the choice read from error estimates, the
+//      exact sums only for close calls) equals codec::quantize_block_four_over_six on random blocks:
+//      those of check 4, Gaussian-like blocks over 2^-60 .. 2^60, blocks of one magnitude and blocks on
+//      a coarse grid (exact ties), with calibrated and arbitrary global scales, table and direct variant.
 //
 // Build: nvcc -std=c++17 -O3 -arch=sm_90 --fmad=false --prec-div=true --ftz=false
 //        -Icpp/include -Icpp/src tests/gpu/codec_check.cu -o codec_check
@@ -199,6 +203,89 @@ uint32_t six_s_sample(uint32_t i) {
   return bits;
 }
 
+// A 16-bit value of a 4-over-6 test block (kind = block_h % 4): check 4's values, Gaussian-like values
+// of one block-wide magnitude 2^e (e in [-60, 60] for bf16, [-20, 12] for fp16), one magnitude with random signs, or multiples
+// -12..12 of a power of two (blocks that both candidates can represent exactly: tied errors).
+template <bool kBF16>
+__device__ uint16_t four_over_six_value(uint32_t h, uint32_t block_h) {
+  const uint32_t kind = block_h % 4;
+  if (kind == 0) return random_value<kBF16>(h, block_h);
+  const int e = kBF16 ? int((block_h >> 2) % 121) - 60 : int((block_h >> 2) % 33) - 20;
+  float v;
+  if (kind == 1) {
+    const float gauss = float(h & 0xFFF) + float((h >> 12) & 0xFFF) + float((h >> 20) & 0xFFF) - 6142.5f;
+    v = ldexpf(gauss / 2048.0f, e);
+  } else if (kind == 2) {
+    v = ldexpf((h & 1) ? -1.0f : 1.0f, e) * (1.0f + float((block_h >> 9) & 7) / 8.0f);
+  } else {
+    v = ldexpf(float(int(h % 25) - 12), e);
+  }
+  if constexpr (kBF16) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(v);
+    return *reinterpret_cast<const uint16_t*>(&b);
+  } else {
+    const __half b = __float2half_rn(v);
+    return *reinterpret_cast<const uint16_t*>(&b);
+  }
+}
+
+template <bool kBF16>
+__global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* bad, unsigned long long* close_calls) {
+  const uint32_t id = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t block_h = hash(id * 2654435761u + seed);
+  uint16_t values[16];
+  uint32_t w[8];
+  float x[16];
+  float amax = 0.0f;
+  for (int j = 0; j < 16; ++j) {
+    values[j] = four_over_six_value<kBF16>(hash(block_h + 0x9e3779b9u * (j + 1)), block_h);
+    x[j] = kBF16 ? codec::bf16_bits_to_float(values[j]) : codec::fp16_bits_to_float(values[j]);
+    amax = fmaxf(amax, fabsf(x[j]));
+  }
+  for (int i = 0; i < 8; ++i) w[i] = uint32_t(values[2 * i]) | (uint32_t(values[2 * i + 1]) << 16);
+  const uint32_t sh = hash(block_h ^ 0x5bd1e995u);
+  float s;
+  if (sh % 8 == 0) {
+    s = __uint_as_float((sh >> 3) % 0x7F7FFFFFu + 1);  // any positive finite fp32
+  } else {
+    s = (amax > 0.0f && amax < 1e38f ? amax : 1.0f) / (6.0f * 448.0f) * (0.25f + float(sh % 1024) / 256.0f);
+    if (!(s > 0.0f)) s = 1.0f;
+  }
+  if (!block_quantizer::four_over_six_fast_scale(s)) s = 1.0f;  // the kernels use the codec there
+  uint2 data;
+  uint8_t sf;
+  if (id & 1) {
+    float reciprocal[block_quantizer::kReciprocalTableSize], scaled[block_quantizer::kReciprocalTableSize];
+    for (int b = 0; b < block_quantizer::kReciprocalTableSize; ++b) {
+      reciprocal[b] = block_quantizer::reciprocal_entry(uint8_t(b), s);
+      scaled[b] = block_quantizer::scaled_scale_entry(uint8_t(b));
+    }
+    sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(w, s, 6.0f * s, 4.0f * s, reciprocal,
+                                                                         scaled, data);
+  } else {
+    sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(w, s, 6.0f * s, 4.0f * s, nullptr,
+                                                                          nullptr, data);
+  }
+  uint64_t expected_packed;
+  const uint8_t expected_sf = codec::quantize_block_four_over_six(x, s, expected_packed);
+  const uint64_t packed = uint64_t(data.x) | (uint64_t(data.y) << 32);
+  if (packed != expected_packed || sf != expected_sf) {
+    const unsigned long long n = atomicAdd(bad, 1ull);
+    if (n < 4) {
+      printf("4-over-6 mismatch (%s): s=%a amax=%a sf %02x vs %02x data %016llx vs %016llx\n", kBF16 ? "bf16" : "fp16",
+             s, amax, sf, expected_sf, (unsigned long long)packed, (unsigned long long)expected_packed);
+    }
+  }
+  // Close calls: distinct candidates whose exact errors agree to 2^-16 (ties included).
+  float absmax;
+  if (codec::block_has_nan(x, absmax) || absmax == 0.0f) return;
+  const codec::BlockScale six = codec::block_scale(absmax, s), four = codec::block_scale(absmax, s, 4.0f);
+  if (six.byte == four.byte) return;
+  const float e6 = codec::block_squared_error(x, codec::encode_block(x, six.reciprocal), six.byte, s);
+  const float e4 = codec::block_squared_error(x, codec::encode_block(x, four.reciprocal), four.byte, s);
+  if (fabsf(e6 - e4) <= 0x1p-16f * (e6 + e4)) atomicAdd(close_calls, 1ull);
+}
+
 constexpr uint32_t kQuotientScales = 160;
 
 uint64_t host_e2m1_mismatches() {
@@ -221,6 +308,11 @@ int main(int argc, char** argv) {
   unsigned long long* counters;
   CHECK_CUDA(cudaMalloc(&counters, 8 * sizeof(unsigned long long)));
   CHECK_CUDA(cudaMemset(counters, 0, 8 * sizeof(unsigned long long)));
+  // bad: [0] e2m1, [1] e4m3, [2] scale values, [3] blocks; aux: [0], [1] NaN blocks, [2] quotient
+  // mismatches, [3] 4-over-6 mismatches; close calls of check 6 in a counter of their own.
+  unsigned long long* close_calls;
+  CHECK_CUDA(cudaMalloc(&close_calls, sizeof(unsigned long long)));
+  CHECK_CUDA(cudaMemset(close_calls, 0, sizeof(unsigned long long)));
   unsigned long long *bad = counters, *aux = counters + 4;
   for (uint32_t high = 0; high < 256; ++high) {
     check_e2m1<<<1 << 16, 256>>>(high, bad + 0);
@@ -233,11 +325,14 @@ int main(int argc, char** argv) {
   for (uint32_t round = 0; round < 16; ++round) {
     check_blocks<true><<<4096, 256>>>(round * 7919u + 1, bad + 3, aux);
     check_blocks<false><<<4096, 256>>>(round * 104729u + 2, bad + 3, aux + 1);
+    check_four_over_six_blocks<true><<<4096, 256>>>(round * 15485863u + 3, aux + 3, close_calls);
+    check_four_over_six_blocks<false><<<4096, 256>>>(round * 32452843u + 4, aux + 3, close_calls);
   }
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
-  unsigned long long host[8];
+  unsigned long long host[8], close_host;
   CHECK_CUDA(cudaMemcpy(host, counters, sizeof host, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(&close_host, close_calls, sizeof close_host, cudaMemcpyDeviceToHost));
   bad = host;
   aux = host + 4;
   int device;
@@ -252,7 +347,10 @@ int main(int argc, char** argv) {
               16 * 2 * 4096 * 256, aux[0], aux[1], bad[3]);
   std::printf("scale byte of the hoisted-reciprocal quotient vs __fdiv_rn, all fp32 in [0, +inf], %u scales: "
               "%llu mismatches\n", kQuotientScales, aux[2]);
-  const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0 && aux[2] == 0;
+  std::printf("quantize_block_four_over_six_fast vs codec::quantize_block_four_over_six, %d random blocks "
+              "(%llu close calls): %llu mismatches\n", 16 * 2 * 4096 * 256, close_host, aux[3]);
+  const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0 && aux[2] == 0 && aux[3] == 0 &&
+                  close_host > 0;
   std::printf(ok ? "codec_check: PASS\n" : "codec_check: FAIL\n");
   return ok ? 0 : 1;
 }
