@@ -230,7 +230,8 @@ __device__ uint16_t four_over_six_value(uint32_t h, uint32_t block_h) {
 }
 
 template <bool kBF16>
-__global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* bad, unsigned long long* close_calls) {
+__global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* bad,
+                                           unsigned long long* close_calls) {
   const uint32_t id = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t block_h = hash(id * 2654435761u + seed);
   uint16_t values[16];

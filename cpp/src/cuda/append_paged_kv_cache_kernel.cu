@@ -25,8 +25,9 @@
 //      clamped into its tensor and a flag says whether the row is written. In pair mode with at least
 //      9 threads per row, warp 0 resolves the chains of all the CTA's rows (one per lane) for the
 //      whole CTA, and in the page-table variant does nothing else (append_paged_kv_cache_pair_kernel);
-//   4. quantize (block_quantizer.cuh, the optional 4-over-6 recipe included) while the
-//      page id is in flight;
+//   4. quantize (block_quantizer.cuh, the optional 4-over-6 recipe included; the pair kernel runs
+//      4-over-6 one block at a time from shared memory, quantize_item_staged) while the page id is
+//      in flight;
 //   5. store 8 or 16 packed bytes and 1 or 2 scale bytes per tensor (V scales byte by byte in the
 //      optional "trtllm" layout).
 // PERFORMANCE_LOG.md beside this file has the measured numbers and what each design choice bought.
@@ -301,7 +302,8 @@ __device__ __forceinline__ Quantized<kSplit ? kBlocks : 2 * kBlocks> quantize_it
   q.k_scale = global_scale(p, it.is_value);  // split mode: the item's tensor
   q.v_scale = global_scale(p, true);
   if constexpr (kFourOverSix) {  // the optional 4-over-6 recipe, block by block
-    if (!block_quantizer::four_over_six_fast_scale(q.k_scale) || !block_quantizer::four_over_six_fast_scale(q.v_scale)) {
+    if (!block_quantizer::four_over_six_fast_scale(q.k_scale) ||
+        !block_quantizer::four_over_six_fast_scale(q.v_scale)) {
 #pragma unroll
       for (int i = 0; i < kN; ++i) {
         q.sf[i] = block_quantizer::quantize_block_four_over_six<kBF16>(
@@ -330,6 +332,48 @@ __device__ __forceinline__ Quantized<kSplit ? kBlocks : 2 * kBlocks> quantize_it
       tables[i] = kTables ? reciprocal[value] : nullptr;
     }
     block_quantizer::quantize_blocks<kBF16, kN, kTables>(w, s, six_s, inverse, tables, q.data, q.sf);
+  }
+  return q;
+}
+
+// 4-over-6 in the pair kernel: the item's blocks one at a time in a loop that is not unrolled, read
+// back from the thread's own shared-memory slots (no barrier needed), so that a warp fetches the
+// block's code once instead of once per block (the unrolled body of four blocks overflowed the
+// instruction cache: ncu "no instruction" stalls) and the input words leave registers. Slots are
+// [index][kThreads] so that consecutive threads touch consecutive 16 bytes.
+template <bool kBF16, int kBlocks>
+__device__ __forceinline__ Quantized<2 * kBlocks> quantize_item_staged(
+    const AppendParams& p, const Item& it, const uint32_t* w,
+    const float (*reciprocal)[block_quantizer::kReciprocalTableSize], const float* inverses, const float* scaled,
+    uint4* staged, uint2* staged_data, uint8_t* staged_sf) {
+  constexpr int kN = 2 * kBlocks;
+  Quantized<kN> q;
+  q.k_scale = global_scale(p, false);
+  q.v_scale = global_scale(p, true);
+  if (!block_quantizer::four_over_six_fast_scale(q.k_scale) ||
+      !block_quantizer::four_over_six_fast_scale(q.v_scale)) {
+    return quantize_item<kBF16, kBlocks, false, true, true>(p, it, w, reciprocal, inverses, scaled);
+  }
+  const uint32_t t = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < 2 * kN; ++i) {
+    staged[i * kThreads + t] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+  }
+#pragma unroll 1
+  for (int i = 0; i < kN; ++i) {
+    const uint4 low = staged[2 * i * kThreads + t], high = staged[(2 * i + 1) * kThreads + t];
+    const uint32_t block[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+    const bool value = i >= kBlocks;
+    const float s = value ? q.v_scale : q.k_scale;
+    uint2 data;
+    staged_sf[i * kThreads + t] = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(
+        block, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, reciprocal[value], scaled, data);
+    staged_data[i * kThreads + t] = data;
+  }
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    q.data[i] = staged_data[i * kThreads + t];
+    q.sf[i] = staged_sf[i * kThreads + t];
   }
   return q;
 }
@@ -418,12 +462,17 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
 constexpr uint32_t kMinItemsPerRowForSharedChain = 9;  // rows per CTA <= 255 / 9 + 2 = 30
 
 template <bool kBF16, int kBlocks, typename Index, bool kFourOverSix>
-__global__ void __launch_bounds__(kThreads, kFourOverSix ? 3 : 4)  // 64 registers (4-over-6: 80)
+__global__ void __launch_bounds__(kThreads, 4)  // 64 registers
     append_paged_kv_cache_pair_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
   __shared__ float reciprocal[2][block_quantizer::kReciprocalTableSize];
   __shared__ float inverses[2];
   __shared__ float scaled[kFourOverSix ? block_quantizer::kReciprocalTableSize : 1];
   __shared__ Target targets[32];
+  // 4-over-6 (quantize_item_staged): the thread's input words, packed blocks and scale bytes; 44 KB at
+  // kBlocks = 2, so 4 CTAs per SM still fit.
+  __shared__ uint4 staged[kFourOverSix ? 4 * kBlocks * kThreads : 1];
+  __shared__ uint2 staged_data[kFourOverSix ? 2 * kBlocks * kThreads : 1];
+  __shared__ uint8_t staged_sf[kFourOverSix ? 2 * kBlocks * kThreads : 1];
   const uint32_t first_item = blockIdx.x * a.cta_items;
   const uint32_t first_row = a.items_per_row.div(first_item);
   const uint32_t index = first_item + threadIdx.x - a.item_offset;
@@ -450,7 +499,14 @@ __global__ void __launch_bounds__(kThreads, kFourOverSix ? 3 : 4)  // 64 registe
     asm volatile("bar.arrive 1, %0;" ::"n"(kThreads) : "memory");  // targets published
   }
   Quantized<2 * kBlocks> q;
-  if (active) q = quantize_item<kBF16, kBlocks, false, kFourOverSix, true>(p, it, w, reciprocal, inverses, scaled);
+  if constexpr (kFourOverSix) {
+    if (active) {
+      q = quantize_item_staged<kBF16, kBlocks>(p, it, w, reciprocal, inverses, scaled, staged, staged_data,
+                                               staged_sf);
+    }
+  } else if (active) {
+    q = quantize_item<kBF16, kBlocks, false, false, true>(p, it, w, reciprocal, inverses, scaled);
+  }
   if (!chain_warp) asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // wait for the targets
   if (active) store_item<true, kBlocks, false>(p, a, it, q, targets[it.row - a.row_begin - first_row]);
 }
