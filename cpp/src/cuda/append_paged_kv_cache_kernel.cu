@@ -30,217 +30,27 @@
 //      in flight;
 //   5. store 8 or 16 packed bytes and 1 or 2 scale bytes per tensor (V scales byte by byte in the
 //      optional "trtllm" layout).
+// Building blocks beside this file: launch_args.cuh (the work split's divisors and per-call choices),
+// index_chain.cuh (step 3), block_quantizer.cuh (step 4), block_io.cuh (steps 1 and 5),
+// append_tuning.h (the benchmark's switches), programmatic_launch.cuh (step 0).
 // PERFORMANCE_LOG.md beside this file has the measured numbers and what each design choice bought.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <type_traits>
+#include <cstdint>
 
+#include "append_tuning.h"
+#include "block_io.cuh"
 #include "block_quantizer.cuh"
+#include "index_chain.cuh"
 #include "kernels.h"
+#include "launch_args.cuh"
 #include "programmatic_launch.cuh"
 
 namespace nvfp4kv {
 namespace {
 
-constexpr int kThreads = 256;
-
-// ---------------------------------------------------------------------------------------------
-// Division by a run-time constant d in [1, 2^31) for dividends n < 2^31 (Granlund-Montgomery,
-// "Division by invariant integers using multiplication", Thm 4.2 with N = 31): with
-// l = ceil(log2 d) and m = ceil(2^(31+l) / d) < 2^32, floor(n / d) = (n * m) >> (31 + l).
-// Keeps 32- and 64-bit divisions (dozens of instructions each) out of the kernel.
-struct Divisor {
-  uint32_t d;
-  uint32_t multiplier;
-  uint32_t shift;
-
-  static Divisor make(uint32_t divisor) {
-    uint32_t l = 0;
-    while ((uint64_t(1) << l) < divisor) ++l;
-    const uint64_t power = uint64_t(1) << (31 + l);
-    return Divisor{divisor, uint32_t((power + divisor - 1) / divisor), 31 + l};
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const {
-    return uint32_t((uint64_t(n) * multiplier) >> shift);
-  }
-};
-
-struct LaunchArgs {
-  Divisor items_per_row;    // threads per row: item -> row
-  Divisor items_per_tensor; // split mode: threads per row and tensor: -> K or V
-  Divisor groups_per_head;  // head_dim / (16 * kBlocks): -> head, group
-  Divisor blocks_per_row;   // head_dim / 16: "trtllm" V scale addresses
-  Divisor page_size;        // position or slot -> page, for values below quotient_limit
-  uint64_t quotient_limit;  // 2^31, or 0 when page_size >= 2^31 (then always a 64-bit division)
-  int64_t row_begin;        // first row of this launch
-  uint32_t items;           // threads with work in this launch
-  bool speculate_batch;     // nnz == batch_size: load kv_indptr[row] early, betting b == row
-  bool store16;             // 16-byte packed stores (even kBlocks and every data view 16-byte aligned)
-  bool scale_store16;       // 2-byte scale stores (even kBlocks and every scale view 2-byte aligned)
-  bool hoisted_division;    // table modes: a / (6 s) from a reciprocal per global scale (block_quantizer)
-  uint32_t cta_items;       // pair kernel: items per CTA (kThreads, or kThreads - 32 with a chain-only warp)
-  uint32_t item_offset;     // pair kernel: threads below this one quantize nothing (0 or 32)
-};
-
-// ---------------------------------------------------------------------------------------------
-// The index chain. Mirrors resolve_row_target (append_params.h) and its bounds contract exactly,
-// with every load index clamped into its tensor instead of early returns.
-
-// Index element i: `Index` is int32_t or int64_t when the host saw that dtype on every index tensor
-// (one load), void for a mix (IndexView picks per tensor).
-template <typename Index>
-__device__ __forceinline__ int64_t read_index(const IndexView& v, int64_t i) {
-  if constexpr (std::is_void_v<Index>) {
-    return v[i];
-  } else {
-    return int64_t(__ldg(static_cast<const Index*>(v.data) + i * v.stride));
-  }
-}
-
-// v / page_size for v >= 0; 0 for v < 0 (padding slots, bad positions: their rows are skipped anyway).
-__device__ __forceinline__ uint64_t page_quotient(int64_t v, const AppendParams& p, const LaunchArgs& a) {
-  if (v < 0) return 0;
-  if (uint64_t(v) < a.quotient_limit) return a.page_size.div(uint32_t(v));
-  return uint64_t(v) / uint64_t(p.page_size);  // only for positions or slots of 2^31 and more
-}
-
-// Level 1 of the chain: the row's own index values (loads only; nothing waits for them here).
-struct RowIndices {
-  int64_t b;         // batch_indices[row], or slot_mapping[row] in the slot-mapping variant
-  int64_t position;  // positions[row]
-  int64_t first;     // kv_indptr[row], kv_indptr[row + 1]: the early guess that b == row (decode)
-  int64_t last;
-};
-
-template <typename Index>
-__device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, const LaunchArgs& a, int64_t row) {
-  RowIndices r{0, 0, 0, 0};
-  if (p.slot_mapping.data != nullptr) {
-    r.b = read_index<Index>(p.slot_mapping, row);
-    return r;
-  }
-  r.b = read_index<Index>(p.batch_indices, row);
-  r.position = read_index<Index>(p.positions, row);
-  if (a.speculate_batch) {  // row < nnz == batch_size, so row + 1 is a valid kv_indptr index
-    r.first = read_index<Index>(p.kv_indptr, row);
-    r.last = read_index<Index>(p.kv_indptr, row + 1);
-  }
-  return r;
-}
-
-// Levels 2-3: everything up to the page id, whose load is left in flight.
-struct Target {
-  int64_t page;   // page id (loaded, not yet range-checked)
-  int64_t entry;  // entry in the page
-  bool ok;        // every check but the page id's range passed
-};
-
-template <typename Index>
-__device__ __forceinline__ Target start_target(const AppendParams& p, const LaunchArgs& a, int64_t row,
-                                               const RowIndices& r) {
-  Target t;
-  if (p.slot_mapping.data != nullptr) {
-    const int64_t slot = r.b;
-    const uint64_t page = page_quotient(slot, p, a);
-    t.ok = slot >= 0;  // and page < num_pages, checked with the page-table case in finish_target
-    t.page = int64_t(page);
-    t.entry = slot - int64_t(page) * p.page_size;
-    return t;
-  }
-  const int64_t b = r.b, position = r.position;
-  int64_t first = r.first, last = r.last;
-  const bool b_ok = uint64_t(b) < uint64_t(p.batch_size);
-  if (!a.speculate_batch || b != row) {
-    const int64_t bc = b_ok ? b : 0;  // batch_size >= 1 (the host launches nothing otherwise)
-    first = read_index<Index>(p.kv_indptr, bc);
-    last = read_index<Index>(p.kv_indptr, bc + 1);
-  }
-  const uint64_t page_offset = page_quotient(position, p, a);
-  // last - first fits in uint64 when last > first; the slot then lies below last: no overflow.
-  const int64_t slot = int64_t(uint64_t(first) + page_offset);
-  t.ok = b_ok && position >= 0 && first < last && page_offset < uint64_t(last) - uint64_t(first) && slot >= 0 &&
-         slot < p.kv_indices.size;
-  t.page = read_index<Index>(p.kv_indices, t.ok ? slot : 0);  // kv_indices.size >= 1 (the host checks)
-  t.entry = position - int64_t(page_offset) * p.page_size;
-  return t;
-}
-
-__device__ __forceinline__ bool finish_target(const AppendParams& p, const Target& t) {
-  return t.ok && t.page >= 0 && t.page < p.num_pages;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Loads and stores.
-
-template <int kBlocks, bool kVector>
-__device__ __forceinline__ void load_values(const uint16_t* src, uint32_t* w) {
-  if constexpr (kVector) {
-    const uint4* vec = reinterpret_cast<const uint4*>(src);
-#pragma unroll
-    for (int i = 0; i < 2 * kBlocks; ++i) {
-      const uint4 v = __ldg(vec + i);
-      w[4 * i] = v.x;
-      w[4 * i + 1] = v.y;
-      w[4 * i + 2] = v.z;
-      w[4 * i + 3] = v.w;
-    }
-  } else {
-    const unsigned short* s = reinterpret_cast<const unsigned short*>(src);
-#pragma unroll
-    for (int i = 0; i < 8 * kBlocks; ++i) w[i] = uint32_t(__ldg(s + 2 * i)) | (uint32_t(__ldg(s + 2 * i + 1)) << 16);
-  }
-}
-
-// The blocks of one tensor: data at `data_view`, scales at `scale_view` in the linear layout or, for
-// V with v_scales_trtllm, in the "trtllm" layout (mirrors scale_address in append_params.h).
-template <int kBlocks, bool kVector>
-__device__ __forceinline__ void store_tensor(const uint2* data, const uint8_t* sf, const CacheView& data_view,
-                                             const CacheView& scale_view, bool trtllm_scales, const Target& t,
-                                             uint32_t head, uint32_t column, const LaunchArgs& a) {
-  uint8_t* data_dst = data_view.at(t.page, t.entry, head) + column / 2;
-  if constexpr (kVector) {
-    if (kBlocks % 2 == 0 && a.store16) {
-#pragma unroll
-      for (int i = 0; i + 1 < kBlocks; i += 2) {
-        reinterpret_cast<uint4*>(data_dst)[i / 2] = make_uint4(data[i].x, data[i].y, data[i + 1].x, data[i + 1].y);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kBlocks; ++i) reinterpret_cast<uint2*>(data_dst)[i] = data[i];
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kBlocks; ++i) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) data_dst[8 * i + k] = uint8_t(data[i].x >> (8 * k));
-#pragma unroll
-      for (int k = 0; k < 4; ++k) data_dst[8 * i + 4 + k] = uint8_t(data[i].y >> (8 * k));
-    }
-  }
-  const uint32_t block = column / codec::kBlockSize;
-  if (trtllm_scales) {
-    // Tile offset 4 S (entry / 4) + 4 j + entry % 4 = row * S + column within the (page, head) tile.
-#pragma unroll
-    for (int i = 0; i < kBlocks; ++i) {
-      const uint32_t u = 4 * (block + i) + uint32_t(t.entry & 3);
-      const uint32_t q = a.blocks_per_row.div(u);
-      scale_view.at(t.page, (t.entry & ~int64_t(3)) + q, head)[u - q * a.blocks_per_row.d] = sf[i];
-    }
-    return;
-  }
-  uint8_t* scale_dst = scale_view.at(t.page, t.entry, head) + block;
-  if (kVector && kBlocks % 2 == 0 && a.scale_store16) {
-#pragma unroll
-    for (int i = 0; i + 1 < kBlocks; i += 2) {
-      reinterpret_cast<uint16_t*>(scale_dst)[i / 2] = uint16_t(sf[i] | (sf[i + 1] << 8));
-    }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < kBlocks; ++i) scale_dst[i] = sf[i];
-}
+using namespace append_kernel;  // NOLINT(build/namespaces): the kernels' building blocks
+using namespace append_tuning;  // NOLINT(build/namespaces)
 
 // ---------------------------------------------------------------------------------------------
 // One thread's work item: kBlocks blocks of one (row, head) for K and V (pair mode) or for one of them.
@@ -535,40 +345,6 @@ struct Plan {
   Mode mode;
   int blocks;  // per thread and tensor
 };
-
-// NVFP4KV_KERNEL=pair|oneshot|split forces a mode for vector-aligned calls (a tuning aid for the
-// benchmark; "oneshot" is pair mode without the shared index chain).
-enum Forced { kAuto = 0, kForcePair = 1, kForceSplit = 2, kForceOneShot = 3 };
-
-int forced_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("NVFP4KV_KERNEL");
-    if (v == nullptr) return int(kAuto);
-    if (std::strcmp(v, "pair") == 0) return int(kForcePair);
-    if (std::strcmp(v, "split") == 0) return int(kForceSplit);
-    if (std::strcmp(v, "oneshot") == 0) return int(kForceOneShot);
-    return int(kAuto);
-  }();
-  return mode;
-}
-
-// NVFP4KV_HOISTED_DIVISION=0 makes the table modes divide per block (a tuning aid).
-bool hoisted_division_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("NVFP4KV_HOISTED_DIVISION");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
-
-// NVFP4KV_CHAIN_WARP=0 lets warp 0 of the pair kernel quantize too in the page-table variant (a tuning aid).
-bool chain_only_warp_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("NVFP4KV_CHAIN_WARP");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
 
 template <bool kBF16, bool kVector, int kBlocks, bool kSplit, typename Index, bool kFourOverSix = false>
 void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
