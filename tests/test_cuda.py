@@ -228,6 +228,22 @@ def test_special_values_and_extreme_scales():
         run_three(case)
 
 
+@pytest.mark.parametrize("scale", [1e-30, None, 3e30, 2.0 ** 121])
+def test_four_over_six_pair_kernel_with_extreme_scales(scale):
+    """The 4-over-6 pair kernel (a call of > 2^16 blocks per tensor) with special values in the rows and
+    global scales where its error estimates do not apply (s < 2^-60, s > 2^60: the exact sums for every
+    block) or where it hands the blocks to the codec (s >= 2^120): the CPU's bytes."""
+    case = make_append_case(head_dim=128, num_heads=8, batch_size=8, max_tokens=400, seed=70, global_scale=scale)
+    assert case.append_key.shape[0] * 8 * 128 // 16 > 1 << 16
+    g = torch.Generator().manual_seed(71)
+    key = case.append_key.view(-1)
+    idx = torch.randperm(key.numel(), generator=g)
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-7, -6e-8, 6e4, -6e4])
+    key[idx[:len(specials)]] = specials.to(key.dtype)
+    case.append_value[::7] = 0.0  # all-zero blocks among the rest
+    run_three(case, with_reference=not SMALL, scale_search="4over6")
+
+
 @pytest.mark.parametrize("kind", ["batch", "position", "indptr", "page"])
 def test_out_of_range_indices_are_skipped(kind):
     """Device index data that points outside the cache is skipped exactly as on the CPU."""
