@@ -9,6 +9,12 @@
 namespace nvfp4kv {
 namespace append_tuning {
 
+// Whether the switch `name` is on: unset or anything but "0".
+inline bool on_unless_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // NVFP4KV_KERNEL=pair|oneshot|split forces a mode for vector-aligned calls (a tuning aid for the
 // benchmark; "oneshot" is pair mode without the shared index chain).
 enum Forced { kAuto = 0, kForcePair = 1, kForceSplit = 2, kForceOneShot = 3 };
@@ -27,19 +33,13 @@ inline int forced_mode() {
 
 // NVFP4KV_HOISTED_DIVISION=0 makes the table modes divide per block (a tuning aid).
 inline bool hoisted_division_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("NVFP4KV_HOISTED_DIVISION");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = on_unless_zero("NVFP4KV_HOISTED_DIVISION");
   return enabled;
 }
 
 // NVFP4KV_CHAIN_WARP=0 lets warp 0 of the pair kernel quantize too in the page-table variant (a tuning aid).
 inline bool chain_only_warp_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("NVFP4KV_CHAIN_WARP");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = on_unless_zero("NVFP4KV_CHAIN_WARP");
   return enabled;
 }
 

@@ -14,8 +14,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
+
+#include "append_tuning.h"
 
 namespace nvfp4kv {
 namespace programmatic_launch {
@@ -35,10 +35,7 @@ __device__ __forceinline__ void allow_next_kernel() {
 // Whether launches on the current device get the attribute: sm_90+ (looked up once per device) and
 // not turned off by NVFP4KV_PDL=0.
 inline bool enabled_on_current_device() {
-  static const bool allowed = [] {
-    const char* v = std::getenv("NVFP4KV_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool allowed = append_tuning::on_unless_zero("NVFP4KV_PDL");
   if (!allowed) return false;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices];  // 0: not looked up yet; 1: no; 2: yes
