@@ -26,6 +26,7 @@
 #include <cstring>
 
 #include "cuda/block_quantizer.cuh"
+#include "cuda/four_over_six_quantizer.cuh"
 
 using namespace nvfp4kv;
 

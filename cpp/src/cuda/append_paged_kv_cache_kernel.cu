@@ -25,14 +25,15 @@
 //      clamped into its tensor and a flag says whether the row is written. In pair mode with at least
 //      9 threads per row, warp 0 resolves the chains of all the CTA's rows (one per lane) for the
 //      whole CTA, and in the page-table variant does nothing else (append_paged_kv_cache_pair_kernel);
-//   4. quantize (block_quantizer.cuh, the optional 4-over-6 recipe included; the pair kernel runs
-//      4-over-6 one block at a time from shared memory, quantize_item_staged) while the page id is
-//      in flight;
+//   4. quantize (block_quantizer.cuh; the optional 4-over-6 recipe four_over_six_quantizer.cuh, which
+//      the pair kernel runs one block at a time from shared memory, quantize_item_staged) while the
+//      page id is in flight;
 //   5. store 8 or 16 packed bytes and 1 or 2 scale bytes per tensor (V scales byte by byte in the
 //      optional "trtllm" layout).
 // Building blocks beside this file: launch_args.cuh (the work split's divisors and per-call choices),
-// index_chain.cuh (step 3), block_quantizer.cuh (step 4), block_io.cuh (steps 1 and 5),
-// append_tuning.h (the benchmark's switches), programmatic_launch.cuh (step 0).
+// index_chain.cuh (step 3), block_quantizer.cuh and four_over_six_quantizer.cuh (step 4),
+// block_io.cuh (steps 1 and 5), append_tuning.h (the benchmark's switches), programmatic_launch.cuh
+// (step 0).
 // PERFORMANCE_LOG.md beside this file has the measured numbers and what each design choice bought.
 #include <cuda_runtime.h>
 
@@ -41,6 +42,7 @@
 #include "append_tuning.h"
 #include "block_io.cuh"
 #include "block_quantizer.cuh"
+#include "four_over_six_quantizer.cuh"
 #include "index_chain.cuh"
 #include "kernels.h"
 #include "launch_args.cuh"

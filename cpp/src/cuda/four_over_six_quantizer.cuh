@@ -1,0 +1,197 @@
+// Device-side 4-over-6 recipe (nvfp4kv/nvfp4_four_over_six.h) for one 16-value block held in registers:
+// both candidate scales encoded as block_quantizer.cuh encodes the plain recipe, the choice read from
+// error estimates with a proven bound (exact sums only for close calls). Shared by the append kernel
+// and tests/gpu/codec_check.cu (check 6).
+#pragma once
+
+#include "block_quantizer.cuh"
+#include "nvfp4kv/nvfp4_four_over_six.h"
+
+namespace nvfp4kv {
+namespace block_quantizer {
+
+// Both candidates are encoded exactly as encode8 does (so their codes are codec::e2m1_code's); which
+// one is kept is decided by the recipe's squared errors (exact_squared_error), read from cheaper
+// estimates whenever those provably agree (encode8_four_over_six). s >= 2^120 (s_up = inf) falls back
+// to the codec's own code.
+constexpr int kSfShift = 8;
+constexpr float kSfUp = 256.0f;                     // 2^kSfShift
+constexpr float kSfScaledFactor = 0x1p118f;  // 2^(126 - kSfShift)
+
+// m of a scale byte (NaN for 0x7F, whose block is discarded).
+__device__ __forceinline__ float scaled_scale_entry(uint8_t byte) { return scale_value(byte) * kSfScaledFactor; }
+
+// The decision of most blocks comes from cheaper ESTIMATES of the two squared errors, in units scaled
+// by g = 2^-c (c: the exponent of the block's absmax a, so the scaled absmax A = a g is in [1, 2)):
+//   d'_k = RN(t_k (1 + w) - x_k g)  (one FMA: the code float's (bits << 22) = v 2^-126 times
+//                                    W = RN(sf s 2^64) 2^(62 - c), so t_k (1 + w) = v sf s g, |w| <= u)
+//   E'   = RN(d'_k d'_k + E')       (FMA), in element order,
+// 3 instructions per value and candidate (+ 1 per value for x g) instead of the recipe's 6. Error bound
+// (u = 2^-24; e_k = t_k - x_k exact, S = sum e_k^2; t_k >= 0 so t_k <= |e_k| + A): both the recipe's
+// E (one rounding for t, the difference, the square and each of 15 sums) and E' (one for t (1 + w),
+// the FMA difference and 16 FMA sums) are within u (20.01 S + 8.01 A sqrt(S)) of S g^2, hence with
+// A sqrt(S) <= (S + A^2) / 2 and S <= E' (1 + 25 u) + 4.01 u A^2:
+//   |E - E'| <= 48.01 u E' + 8.01 u A^2 <= 48.01 u E' + 32.04 u     (A < 2),
+// plus at most 2^-59 from underflow in the scaled domain for a in [2^-40, 2^58] and s in [2^-60, 2^60]
+// (outside those ranges, or when the two bytes are equal, the estimates are not used). So when
+// |E'6 - E'4| > tau = u (64 (E'6 + E'4) + 128) (computed with two roundings; the margins cover them)
+// its sign is the sign of E6 - E4; otherwise the block recomputes both sums exactly (rare: the
+// candidates' errors then agree to ~1e-5 of the block's range). tests/gpu/codec_check.cu check 6
+// compares the whole block result against codec::quantize_block_four_over_six.
+template <bool kBF16, bool kSaturate>
+__device__ __forceinline__ void encode8_four_over_six(const uint32_t* w, float r6, float w6, float r4, float w4,
+                                                      float g, uint32_t& packed6, uint32_t& packed4, float& e6,
+                                                      float& e4) {
+  constexpr uint32_t kBias = codec::kCodeFloatZeroBits * 0x11111111u;
+  uint32_t a6 = 0u - kBias, a4 = 0u - kBias;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float x[2];
+    widen2<kBF16>(w[i], x[0], x[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float u6 = fabsf(x[h] * r6), u4 = fabsf(x[h] * r4);
+      if constexpr (kSaturate) {
+        u6 = fminf(u6, codec::kE2M1MaxValue);
+        u4 = fminf(u4, codec::kE2M1MaxValue);
+      }
+      const uint32_t f6 = __float_as_uint(codec::e2m1_code_float(u6));
+      const uint32_t f4 = __float_as_uint(codec::e2m1_code_float(u4));
+      a6 += f6 << (8 * i + 4 * h);
+      a4 += f4 << (8 * i + 4 * h);
+      const float scaled = __fmul_rn(fabsf(x[h]), g);
+      const float d6 = __fmaf_rn(__uint_as_float(f6 << 22), w6, -scaled);
+      const float d4 = __fmaf_rn(__uint_as_float(f4 << 22), w4, -scaled);
+      e6 = __fmaf_rn(d6, d6, e6);
+      e4 = __fmaf_rn(d4, d4, e4);
+    }
+  }
+  const uint32_t x01 = prmt(w[0], w[1], 0xFBD9);
+  const uint32_t x23 = prmt(w[2], w[3], 0xFBD9);
+  const uint32_t even = prmt(x01, x23, 0x5410);
+  const uint32_t odd = prmt(x01, x23, 0x7632);
+  const uint32_t signs = ((even & 0x0F0F0F0Fu) | (odd & 0xF0F0F0F0u)) & 0x88888888u;
+  packed6 = a6 | signs;
+  packed4 = a4 | signs;
+}
+
+template <bool kBF16, bool kSaturate>
+__device__ __forceinline__ void encode16_four_over_six(const uint32_t* w, float r6, float w6, float r4, float w4,
+                                                       float g, uint2& data6, uint2& data4, float& e6, float& e4) {
+  e6 = 0.0f;
+  e4 = 0.0f;
+  encode8_four_over_six<kBF16, kSaturate>(w, r6, w6, r4, w4, g, data6.x, data4.x, e6, e4);
+  encode8_four_over_six<kBF16, kSaturate>(w + 4, r6, w6, r4, w4, g, data6.y, data4.y, e6, e4);
+}
+
+// The recipe's squared error of a block encoded as `data`: d = (e2m1(code) * float(sf)) * s - x, acc =
+// acc + d * d, every operation a separately rounded __fmul_rn / __fsub_rn / __fadd_rn (never contracted),
+// in element order 0..15.
+//  * e2m1(code) * float(sf) is exact (2 x 4 significant bits), so its product with s is the single
+//    rounding RN(v * sf * s) of the exact real v * sf * s. A magnitude code k's code float has the bits
+//    0x4A800000 + k, so (k << 22) is the fp32 whose value is v(k) * 2^-126 (k = 0, 1 land on the
+//    subnormals 0 and 2^-127: the E2M1 subnormals map exactly; --ftz=false). With
+//    m = float(sf) * 2^(126 - kSfShift) (exact, < 2^128) and s_up = s * 2^kSfShift (exact while finite),
+//    (k22 * m) = v * sf * 2^-kSfShift exactly (>= 2^-18, normal) and RN((k22 * m) * s_up) = RN(v * sf * s).
+//  * The sign: the codec's dequantized value carries x's sign, so its d is sign(x) * (RN(v sf s) - |x|)
+//    (RN is symmetric) and d * d is the same.
+// Out of line (the rare path), its inputs by value so that the caller's words stay in registers.
+template <bool kBF16>
+__device__ __noinline__ float exact_squared_error(uint4 low, uint4 high, uint2 data, float m, float s_up) {
+  const uint32_t w[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+  float e = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float x[2];
+    widen2<kBF16>(w[i], x[0], x[1]);
+    const uint32_t word = i < 4 ? data.x : data.y;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t k = (word >> (8 * (i % 4) + 4 * h)) & 7u;
+      const float d = __fsub_rn(__fmul_rn(__fmul_rn(__uint_as_float(k << 22), m), s_up), fabsf(x[h]));
+      e = __fadd_rn(e, __fmul_rn(d, d));
+    }
+  }
+  return e;
+}
+
+// Whether quantize_block_four_over_six_fast handles global scale s (s * 2^kSfShift finite); otherwise
+// (s >= 2^120, or s not a number, whose rows are not written) the codec's code does.
+__device__ __forceinline__ bool four_over_six_fast_scale(float s) { return s * kSfUp <= 3.4028234663852886e38f; }
+
+// One block of the 4-over-6 recipe: s, six_s = 6 s, four_s = 4 s, and the block's reciprocal table
+// (1 / (sf s) or 0 by byte) and scaled-scale table (m by byte) when kTable.
+template <bool kBF16, bool kTable>
+__device__ __forceinline__ uint8_t quantize_block_four_over_six_fast(const uint32_t* w, float s, float six_s,
+                                                                     float four_s, const float* reciprocal,
+                                                                     const float* scaled, uint2& data) {
+  const float s_up = s * kSfUp;  // finite: the caller checked four_over_six_fast_scale(s)
+  const float absmax = block_abs_max<kBF16>(w);
+  const uint8_t b6 = scale_byte(__fdiv_rn(absmax, six_s));
+  const uint8_t b4 = scale_byte(__fdiv_rn(absmax, four_s));
+  float r6, r4, m6, m4;
+  if constexpr (kTable) {
+    r6 = reciprocal[b6];
+    r4 = reciprocal[b4];
+    m6 = scaled[b6];
+    m4 = scaled[b4];
+  } else {
+    r6 = reciprocal_entry(b6, s);
+    r4 = reciprocal_entry(b4, s);
+    m6 = scaled_scale_entry(b6);
+    m4 = scaled_scale_entry(b4);
+  }
+  // The estimates' scaling (see encode8_four_over_six): g = 2^-c, W = RN(sf s 2^64) 2^(62 - c), with
+  // m sf 2^-54 = sf s 2^64 (s 2^-54 exact for s >= 2^-72). The bit patterns are only meaningful for
+  // the a and s of `estimable`; the other blocks ignore the estimates.
+  const uint32_t exponent = __float_as_uint(absmax) >> 23;
+  const float g = __uint_as_float((254u - exponent) << 23);
+  const float lift = __uint_as_float((316u - exponent) << 23);
+  const float s_low = s * 0x1p-54f;
+  const float w6 = __fmul_rn(m6, s_low) * lift, w4 = __fmul_rn(m4, s_low) * lift;
+  uint2 data6, data4;
+  float e6, e4;
+  // Rounding is monotone, so |x_j * r| <= RN(absmax * r); NaN compares false.
+  if (absmax * r6 < 7.0f && absmax * r4 < 7.0f) {
+    encode16_four_over_six<kBF16, false>(w, r6, w6, r4, w4, g, data6, data4, e6, e4);
+  } else {
+    encode16_four_over_six<kBF16, true>(w, r6, w6, r4, w4, g, data6, data4, e6, e4);
+  }
+  if (codec::is_nan(absmax)) {
+    data = make_uint2(0, 0);
+    return codec::kE4M3NaN;
+  }
+  bool four = false;  // equal bytes: equal candidates, a tie keeps sf6
+  if (b4 != b6) {
+    const bool estimable = absmax >= 0x1p-40f && absmax <= 0x1p58f && s >= 0x1p-60f && s <= 0x1p60f;
+    constexpr float u = 0x1p-24f;
+    const float tau = __fmaf_rn(__fadd_rn(e6, e4), 64.0f * u, 128.0f * u);
+    const float gap = __fsub_rn(e6, e4);
+    if (estimable && fabsf(gap) > tau) {
+      four = gap > 0.0f;
+    } else {
+      const uint4 low = make_uint4(w[0], w[1], w[2], w[3]), high = make_uint4(w[4], w[5], w[6], w[7]);
+      four = exact_squared_error<kBF16>(low, high, data4, m4, s_up) <
+             exact_squared_error<kBF16>(low, high, data6, m6, s_up);
+    }
+  }
+  data = four ? data4 : data6;
+  return four ? b4 : b6;
+}
+
+// The optional 4-over-6 recipe (nvfp4_four_over_six.h) for one block: the codec's own code on the
+// widened values (for the global scales four_over_six_fast_scale rejects).
+template <bool kBF16>
+__device__ __forceinline__ uint8_t quantize_block_four_over_six(uint4 lo, uint4 hi, float s, uint2& data) {
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  float x[codec::kBlockSize];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) widen2<kBF16>(w[i], x[2 * i], x[2 * i + 1]);
+  uint64_t packed;
+  const uint8_t byte = codec::quantize_block_four_over_six(x, s, packed);
+  data = make_uint2(uint32_t(packed), uint32_t(packed >> 32));
+  return byte;
+}
+
+}  // namespace block_quantizer
+}  // namespace nvfp4kv
