@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import nvfp4kv
 from nvfp4kv import reference
+import rounding_hazards
 from append_cases import cache_bytes, make_append_case
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -178,3 +179,31 @@ def test_trtllm_needs_equal_k_and_v_scale_strides():
     bad = dataclasses.replace(case, kv_cache_sf=(k_sf.contiguous(), v_strided))
     with pytest.raises(ValueError, match=r"kv_cache_sf\[1\] must have the same strides as the K scales"):
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*bad.args(), v_sf_layout="trtllm")
+
+
+HAZARDS = {torch.bfloat16: ((8, 5, 201, 0x38), (8, 6, 233, 0x30)), torch.float16: ((11, 4, 1111, 0x30), (11, 5, 1703, 0x38))}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale_search", ["none", "4over6"])
+def test_codes_round_the_rounded_product(device, dtype, scale_search):
+    """Global scales whose reciprocal r for one scale byte makes RN(x r) land exactly on a rounding
+    boundary that x r misses (tests/rounding_hazards.py), and blocks with that scale byte holding such
+    an x: SPEC rounds RN(x r), so a kernel that rounds the exact product (x * r contracted into an FMA)
+    writes other bytes. One call of > 2^16 blocks per tensor (the CUDA pair kernel), K and V each with
+    its own such scale."""
+    k_hazard, v_hazard = (rounding_hazards.find_hazard(*h) for h in HAZARDS[dtype])
+    case = make_append_case(head_dim=128, num_heads=8, batch_size=16, max_tokens=400, seed=80, dtype=dtype)
+    case = dataclasses.replace(case, k_scale=k_hazard.s, v_scale=v_hazard.s)
+    assert case.append_key.shape[0] * 8 * 128 // 16 > 1 << 16
+    g = torch.Generator().manual_seed(81)
+    for rows, hazard in ((case.append_key, k_hazard), (case.append_value, v_hazard)):
+        blocks = rounding_hazards.hazard_blocks(hazard, dtype, 82, scale_search)
+        assert blocks.shape[0] >= 4, "the hazard must give blocks with its scale byte"
+        flat = rows.view(-1, 16)
+        flat[torch.randperm(flat.shape[0], generator=g)[:4096]] = blocks[torch.arange(4096) % blocks.shape[0]]
+    ours, theirs = case.cloned().to(device), case.cloned()
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*ours.args(), scale_search=scale_search)
+    reference.nvfp4_quantize_append_paged_kv_cache(*theirs.args(), scale_search=scale_search)
+    assert_same_caches(ours, theirs)

@@ -14,7 +14,8 @@
 //   6. block_quantizer::quantize_block_four_over_six_fast (the choice read from error estimates, the
 //      exact sums only for close calls) equals codec::quantize_block_four_over_six on random blocks:
 //      those of check 4, Gaussian-like blocks over 2^-60 .. 2^60, blocks of one magnitude and blocks on
-//      a coarse grid (exact ties), with calibrated and arbitrary global scales, table and direct variant.
+//      a coarse grid (exact ties), with calibrated and arbitrary global scales, table variant (with the
+//      hoisted-reciprocal quotients) and direct variant.
 //
 // Build: nvcc -std=c++17 -O3 -arch=sm_90 --fmad=false --prec-div=true --ftz=false
 //        -Icpp/include -Icpp/src tests/gpu/codec_check.cu -o codec_check
@@ -262,11 +263,12 @@ __global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* ba
       reciprocal[b] = block_quantizer::reciprocal_entry(uint8_t(b), s);
       scaled[b] = block_quantizer::scaled_scale_entry(uint8_t(b));
     }
-    sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(w, s, 6.0f * s, 4.0f * s, reciprocal,
-                                                                         scaled, data);
+    sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(
+        w, s, 6.0f * s, 4.0f * s, block_quantizer::division_inverse(6.0f * s),
+        block_quantizer::division_inverse(4.0f * s), reciprocal, scaled, data);
   } else {
-    sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(w, s, 6.0f * s, 4.0f * s, nullptr,
-                                                                          nullptr, data);
+    sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(w, s, 6.0f * s, 4.0f * s, 0.0f, 0.0f,
+                                                                          nullptr, nullptr, data);
   }
   uint64_t expected_packed;
   const uint8_t expected_sf = codec::quantize_block_four_over_six(x, s, expected_packed);

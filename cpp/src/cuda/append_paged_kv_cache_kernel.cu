@@ -102,7 +102,7 @@ struct Quantized {
   float v_scale;
 };
 
-// Quantize an item. `reciprocal` and `inverses` (division_inverse of 6 s for K and V) are the CTA's
+// Quantize an item. `reciprocal` and `inverses` (fill_reciprocal_tables) are the CTA's
 // shared tables when kTables (split mode computes 1 / (sf s) and divides: one block per thread gains
 // nothing from a table, and the hoisted reciprocal would only add its latency).
 template <bool kBF16, int kBlocks, bool kSplit, bool kFourOverSix, bool kTables>
@@ -128,9 +128,10 @@ __device__ __forceinline__ Quantized<kSplit ? kBlocks : 2 * kBlocks> quantize_it
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       const float s = i < kBlocks ? q.k_scale : q.v_scale;
+      const bool value = i < kBlocks ? it.is_value : true;
       q.sf[i] = block_quantizer::quantize_block_four_over_six_fast<kBF16, kTables>(
-          w + 8 * i, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s,
-          kTables ? reciprocal[i < kBlocks ? it.is_value : true] : nullptr, scaled, q.data[i]);
+          w + 8 * i, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, kTables ? inverses[value] : 0.0f,
+          kTables ? inverses[2 + value] : 0.0f, kTables ? reciprocal[value] : nullptr, scaled, q.data[i]);
     }
   } else {
     float s[kN], six_s[kN], inverse[kN];
@@ -179,7 +180,8 @@ __device__ __forceinline__ Quantized<2 * kBlocks> quantize_item_staged(
     const float s = value ? q.v_scale : q.k_scale;
     uint2 data;
     staged_sf[i * kThreads + t] = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(
-        block, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, reciprocal[value], scaled, data);
+        block, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, inverses[value], inverses[2 + value],
+        reciprocal[value], scaled, data);
     staged_data[i * kThreads + t] = data;
   }
 #pragma unroll
@@ -211,8 +213,9 @@ __device__ __forceinline__ void store_item(const AppendParams& p, const LaunchAr
 
 // SPEC step 5 as tables, one per global scale: reciprocal[t][byte] = 1 / (float(byte) * s_t) or 0.
 // Every thread of the CTA writes one entry; the caller syncs before use.
-// inverses[t] = division_inverse(6 s_t) comes with them (0, i.e. IEEE division, without
-// a.hoisted_division).
+// inverses[t] = division_inverse(6 s_t) comes with them, and for 4-over-6 inverses[2 + t] =
+// division_inverse(4 s_t) (0, i.e. IEEE division, without a.hoisted_division).
+template <bool kFourOverSix>
 __device__ __forceinline__ void fill_reciprocal_tables(const AppendParams& p, const LaunchArgs& a,
                                                        float (*reciprocal)[block_quantizer::kReciprocalTableSize],
                                                        float* inverses) {
@@ -223,6 +226,10 @@ __device__ __forceinline__ void fill_reciprocal_tables(const AppendParams& p, co
   reciprocal[value][byte] = block_quantizer::reciprocal_entry(uint8_t(byte), s);
   if (byte == 0) {
     inverses[value] = a.hoisted_division ? block_quantizer::division_inverse(codec::kE2M1MaxValue * s) : 0.0f;
+    if constexpr (kFourOverSix) {
+      inverses[2 + value] =
+          a.hoisted_division ? block_quantizer::division_inverse(codec::kFourOverSixTarget * s) : 0.0f;
+    }
   }
 }
 
@@ -240,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
     append_paged_kv_cache_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
   constexpr bool kTables = !kSplit;
   __shared__ float reciprocal[kTables ? 2 : 1][block_quantizer::kReciprocalTableSize];
-  __shared__ float inverses[2];
+  __shared__ float inverses[kFourOverSix ? 4 : 2];
   __shared__ float scaled[kTables && kFourOverSix ? block_quantizer::kReciprocalTableSize : 1];
   const uint32_t index = blockIdx.x * kThreads + threadIdx.x;
   const bool active = index < a.items;
@@ -254,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
     r = load_row_indices<Index>(p, a, it.row);
   }
   if constexpr (kTables) {
-    fill_reciprocal_tables(p, a, reciprocal, inverses);
+    fill_reciprocal_tables<kFourOverSix>(p, a, reciprocal, inverses);
     if constexpr (kFourOverSix) fill_scaled_table(scaled);
     __syncthreads();
   }
@@ -277,7 +284,7 @@ template <bool kBF16, int kBlocks, typename Index, bool kFourOverSix>
 __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
     append_paged_kv_cache_pair_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
   __shared__ float reciprocal[2][block_quantizer::kReciprocalTableSize];
-  __shared__ float inverses[2];
+  __shared__ float inverses[kFourOverSix ? 4 : 2];
   __shared__ float scaled[kFourOverSix ? block_quantizer::kReciprocalTableSize : 1];
   __shared__ Target targets[32];
   // 4-over-6 (quantize_item_staged): the thread's input words, packed blocks and scale bytes; 44 KB at
@@ -301,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
   const int64_t chain_row = a.row_begin + first_row + threadIdx.x;
   RowIndices r{};
   if (chain_warp && threadIdx.x < rows) r = load_row_indices<Index>(p, a, chain_row);
-  fill_reciprocal_tables(p, a, reciprocal, inverses);
+  fill_reciprocal_tables<kFourOverSix>(p, a, reciprocal, inverses);
   if constexpr (kFourOverSix) fill_scaled_table(scaled);
   __syncthreads();  // the tables are complete
 
