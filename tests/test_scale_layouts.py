@@ -181,7 +181,9 @@ def test_trtllm_needs_equal_k_and_v_scale_strides():
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*bad.args(), v_sf_layout="trtllm")
 
 
-HAZARDS = {torch.bfloat16: ((8, 5, 201, 0x38), (8, 6, 233, 0x30)), torch.float16: ((11, 4, 1111, 0x30), (11, 5, 1703, 0x38))}
+# (input significand bits, tau, n, scale byte) of rounding_hazards.find_hazard, for K and V.
+HAZARDS = {torch.bfloat16: ((8, 5, 201, 0x38), (8, 6, 233, 0x30)),
+           torch.float16: ((11, 4, 1111, 0x30), (11, 5, 1703, 0x38))}
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -84,9 +84,14 @@ def nvfp4_quantize_append_paged_kv_cache(
     if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
             type(v_scale) is float and len(paged_kv_cache) == 2 and len(kv_cache_sf) == 2 and \
             not debug_checks.ENABLED and not is_dynamo_compiling():
-        _APPEND_OP(append_key, append_value, batch_indices, positions, paged_kv_cache[0], paged_kv_cache[1],
-                   kv_cache_sf[0], kv_cache_sf[1], kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
-                   kv_layout, None, None, v_sf_layout, scale_search)
+        if v_sf_layout == "linear" and scale_search == "none":  # the schema's defaults: ~4% less to parse
+            _APPEND_OP(append_key, append_value, batch_indices, positions, paged_kv_cache[0], paged_kv_cache[1],
+                       kv_cache_sf[0], kv_cache_sf[1], kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
+                       kv_layout)
+        else:
+            _APPEND_OP(append_key, append_value, batch_indices, positions, paged_kv_cache[0], paged_kv_cache[1],
+                       kv_cache_sf[0], kv_cache_sf[1], kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
+                       kv_layout, None, None, v_sf_layout, scale_search)
         return
     k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
         paged_kv_cache, kv_cache_sf, k_scale, v_scale)
@@ -121,9 +126,13 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
             type(v_scale) is float and len(paged_kv_cache) == 2 and len(kv_cache_sf) == 2 and \
             not debug_checks.ENABLED and not is_dynamo_compiling():
-        _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, paged_kv_cache[0], paged_kv_cache[1],
-                                     kv_cache_sf[0], kv_cache_sf[1], k_scale, v_scale, kv_layout, None, None,
-                                     v_sf_layout, scale_search)
+        if v_sf_layout == "linear" and scale_search == "none":
+            _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, paged_kv_cache[0],
+                                         paged_kv_cache[1], kv_cache_sf[0], kv_cache_sf[1], k_scale, v_scale, kv_layout)
+        else:
+            _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, paged_kv_cache[0],
+                                         paged_kv_cache[1], kv_cache_sf[0], kv_cache_sf[1], k_scale, v_scale, kv_layout,
+                                         None, None, v_sf_layout, scale_search)
         return
     k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
         paged_kv_cache, kv_cache_sf, k_scale, v_scale)
