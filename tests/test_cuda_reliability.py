@@ -86,11 +86,43 @@ def test_two_streams_into_disjoint_pages_equal_sequential():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second GPU")
-def test_second_gpu():
-    case = make_append_case(seed=53, stacked=True)
-    on_cpu, on_gpu1 = case.cloned(), case.cloned().to("cuda:1")
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*on_cpu.args())
-    with torch.cuda.device(0):  # the op must follow the tensors, not the current device
-        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*on_gpu1.args())
-    assert on_gpu1.paged_kv_cache.device == torch.device("cuda:1")
-    assert torch.equal(cache_bytes(on_gpu1.paged_kv_cache), cache_bytes(on_cpu.paged_kv_cache))
+@pytest.mark.parametrize("scale_search", ["none", "4over6"])
+def test_second_gpu(scale_search):
+    """Every op follows its tensors to cuda:1 while cuda:0 is current (a device guard, the right stream),
+    large calls (the pair kernel) included; tensors on two GPUs are refused before anything is written."""
+    small = make_append_case(seed=53, stacked=True)
+    large = make_append_case(seed=54, head_dim=128, num_heads=8, batch_size=16, max_tokens=400)
+    for case in (small, large):
+        on_cpu, on_gpu1 = case.cloned(), case.cloned().to("cuda:1")
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*on_cpu.args(), scale_search=scale_search)
+        with torch.cuda.device(0):  # the op must follow the tensors, not the current device
+            nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*on_gpu1.args(), scale_search=scale_search)
+            slots = torch.arange(3, device="cuda:1")
+            slotted_cpu, slotted_gpu1 = case.cloned(), case.cloned().to("cuda:1")
+            for c, s in ((slotted_cpu, slots.cpu()), (slotted_gpu1, slots)):
+                nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+                    c.append_key, c.append_value, s, c.paged_kv_cache, c.kv_cache_sf, c.k_scale, c.v_scale,
+                    c.kv_layout, scale_search=scale_search)
+            read_back = nvfp4kv.dequantize_paged_kv_cache(on_gpu1.paged_kv_cache, on_gpu1.kv_cache_sf,
+                                                          on_gpu1.kv_indices, on_gpu1.kv_indptr,
+                                                          on_gpu1.kv_last_page_len, case.k_scale, case.v_scale,
+                                                          case.kv_layout)
+        torch.cuda.synchronize(1)
+        for gpu, cpu in ((on_gpu1, on_cpu), (slotted_gpu1, slotted_cpu)):
+            for name in ("paged_kv_cache", "kv_cache_sf"):
+                assert torch.equal(cache_bytes(getattr(gpu, name)), cache_bytes(getattr(cpu, name))), name
+        assert read_back[0].device == torch.device("cuda:1")
+        expected = nvfp4kv.dequantize_paged_kv_cache(on_cpu.paged_kv_cache, on_cpu.kv_cache_sf, on_cpu.kv_indices,
+                                                     on_cpu.kv_indptr, on_cpu.kv_last_page_len, case.k_scale,
+                                                     case.v_scale, case.kv_layout)
+        # Entries the call did not write hold the poison, which may decode to NaN, and torch's own bf16
+        # conversion writes NaN as 0x7FC0 on the CPU, 0x7FFF on CUDA: equal values, NaN where NaN.
+        for a, b in zip(read_back, expected):
+            torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0, equal_nan=True)
+    mixed = small.cloned().to("cuda:1")
+    before = cache_bytes(mixed.paged_kv_cache).clone()
+    with pytest.raises(ValueError, match=r"append_value must be on the same device as append_key \(cuda:1\), "
+                                         r"got cuda:0"):
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(mixed.append_key, mixed.append_value.to("cuda:0"),
+                                                     *mixed.args()[2:])
+    assert torch.equal(cache_bytes(mixed.paged_kv_cache), before)
