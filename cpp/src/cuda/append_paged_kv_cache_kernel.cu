@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
   __shared__ uint4 staged[kFourOverSix ? 4 * kBlocks * kThreads : 1];
   __shared__ uint2 staged_data[kFourOverSix ? 2 * kBlocks * kThreads : 1];
   __shared__ uint8_t staged_sf[kFourOverSix ? 2 * kBlocks * kThreads : 1];
-  const uint32_t first_item = blockIdx.x * a.cta_items;
+  const uint32_t first_item = blockIdx.x * a.cta_items();
   const uint32_t first_row = a.items_per_row.div(first_item);
   const uint32_t index = first_item + threadIdx.x - a.item_offset;
   const bool active = threadIdx.x >= a.item_offset && index < a.items;
@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
   if (active) load_item<kBlocks, true, false>(p, it, w);
 
   const bool chain_warp = threadIdx.x < 32;
-  const uint32_t last_item = (a.items - first_item < a.cta_items ? a.items : first_item + a.cta_items) - 1;
+  const uint32_t last_item = (a.items - first_item < a.cta_items() ? a.items : first_item + a.cta_items()) - 1;
   const uint32_t rows = a.items_per_row.div(last_item) - first_row + 1;
   const int64_t chain_row = a.row_begin + first_row + threadIdx.x;
   RowIndices r{};
@@ -371,8 +371,7 @@ void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
         // (one load) and the compute-bound 4-over-6 recipe keep warp 0 quantizing too.
         const bool chain_only = p.slot_mapping.data == nullptr && !kFourOverSix && chain_only_warp_enabled();
         a.item_offset = chain_only ? 32 : 0;
-        a.cta_items = kThreads - a.item_offset;
-        const dim3 grid((a.items + a.cta_items - 1) / a.cta_items);
+        const dim3 grid((a.items + a.cta_items() - 1) / a.cta_items());
         programmatic_launch::launch(append_paged_kv_cache_pair_kernel<kBF16, kBlocks, Index, kFourOverSix>, grid,
                                     dim3(kThreads), stream, programmatic, p, a);
         continue;

@@ -44,8 +44,10 @@ struct LaunchArgs {
   bool store16;             // 16-byte packed stores (even kBlocks and every data view 16-byte aligned)
   bool scale_store16;       // 2-byte scale stores (even kBlocks and every scale view 2-byte aligned)
   bool hoisted_division;    // table modes: a / (6 s) from a reciprocal per global scale (block_quantizer)
-  uint32_t cta_items;       // pair kernel: items per CTA (kThreads, or kThreads - 32 with a chain-only warp)
-  uint32_t item_offset;     // pair kernel: threads below this one quantize nothing (0 or 32)
+  uint32_t item_offset;     // pair kernel: threads below this one quantize nothing (0, or 32: a chain-only warp)
+
+  // Pair kernel: items per CTA.
+  __host__ __device__ uint32_t cta_items() const { return kThreads - item_offset; }
 };
 
 }  // namespace append_kernel
