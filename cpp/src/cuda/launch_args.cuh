@@ -43,7 +43,7 @@ struct LaunchArgs {
   bool speculate_batch;     // nnz == batch_size: load kv_indptr[row] early, betting b == row
   bool store16;             // 16-byte packed stores (even kBlocks and every data view 16-byte aligned)
   bool scale_store16;       // 2-byte scale stores (even kBlocks and every scale view 2-byte aligned)
-  bool hoisted_division;    // table modes: a / (6 s) from a reciprocal per global scale (block_quantizer)
+  bool hoisted_division;    // table modes: a / (6 s) (and 4-over-6's a / (4 s)) from reciprocals per global scale
   uint32_t item_offset;     // pair kernel: threads below this one quantize nothing (0, or 32: a chain-only warp)
 
   // Pair kernel: items per CTA.
