@@ -14,6 +14,8 @@
 #              runs last, each tool under SANITIZE_TIMEOUT seconds (default 900)
 #   cuobjdump  the SASS/PTX listing of the installed library
 #   bench      python -m nvfp4kv.bench
+#   probe      build and run tests/gpu/ceiling_probe.cu: what a kernel that only moves each case's bytes
+#              (prefill) or only follows decode's index chain reaches on this GPU (not in the default set)
 #
 # Logs, bench.json and bench.png go to $OUT (default ./device-out); a summary is printed last.
 set -uo pipefail
@@ -89,6 +91,14 @@ if has_stage bench; then
   done
 fi
 
+if has_stage probe; then
+  probe() {
+    nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90 --fmad=false --prec-div=true --ftz=false -Icpp/include -Icpp/src \
+      tests/gpu/ceiling_probe.cu -o /tmp/ceiling_probe && /tmp/ceiling_probe
+  }
+  stage probe "$OUT/probe.log" probe
+fi
+
 if has_stage sanitize; then
   sanitize() {
     local tool=$1
@@ -102,7 +112,7 @@ if has_stage sanitize; then
 fi
 
 echo "=== summary"
-for name in install check test memcheck racecheck cuobjdump bench; do
+for name in install check test memcheck racecheck cuobjdump bench probe; do
   [[ -n "${RESULT[$name]+x}" ]] && echo "$name: exit ${RESULT[$name]}"
 done
 grep -hE "passed|failed|error" "$OUT/pytest.log" 2>/dev/null | tail -n 2

@@ -254,6 +254,7 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
   const Item it = locate<kSplit, kBlocks>(index, a);
   uint32_t w[8 * (kSplit ? kBlocks : 2 * kBlocks)];
   RowIndices r{};
+  programmatic_launch::warm_parameter_cache(p, a);
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
   if (active) {
