@@ -16,13 +16,17 @@
 // input loads of a warp are contiguous, and so are its packed stores in the NHD layout.
 //
 // Order inside a thread, chosen so that loads overlap:
-//   0. wait for the previous kernel of the stream (programmatic launch, programmatic_launch.cuh);
+//   0. wait for the previous kernel of the stream (programmatic launch, programmatic_launch.cuh); the
+//      one-item-per-thread kernel first warms the constant cache with its parameters and computes the
+//      addresses of step 1's loads, so that only loads are left after the wait (decode's latency);
 //   1. issue the input loads (they depend on no index) and the row's level-1 index loads;
 //   2. fill the CTA's reciprocal tables (pair mode) while they are in flight;
 //   3. resolve the index chain up to issuing the load of the page id (batch index -> kv_indptr ->
 //      kv_indices). When nnz == batch_size kv_indptr[row] is loaded with batch_indices[row] on the
 //      bet b == row (decode), which removes one dependent load. Every index used for a load is
-//      clamped into its tensor and a flag says whether the row is written. In pair mode with at least
+//      clamped into its tensor and a flag says whether the row is written (the one-item kernel loads
+//      the page id before checking, and computes the page-independent store addresses while it is in
+//      flight). In pair mode with at least
 //      9 threads per row, warp 0 resolves the chains of all the CTA's rows (one per lane) for the
 //      whole CTA, and in the page-table variant does nothing else (append_paged_kv_cache_pair_kernel);
 //   4. quantize (block_quantizer.cuh; the optional 4-over-6 recipe four_over_six_quantizer.cuh, which
@@ -47,6 +51,7 @@
 #include "kernels.h"
 #include "launch_args.cuh"
 #include "programmatic_launch.cuh"
+#include "schedule_hint.cuh"
 
 namespace nvfp4kv {
 namespace {
@@ -81,16 +86,26 @@ __device__ __forceinline__ Item locate(uint32_t item, const LaunchArgs& a) {
   return it;
 }
 
-// The item's input words: blocks [0, kBlocks) are K (or the split tensor), the rest V.
-template <int kBlocks, bool kVector, bool kSplit>
-__device__ __forceinline__ void load_item(const AppendParams& p, const Item& it, uint32_t* w) {
+// Where the item's input words are: blocks [0, kBlocks) are K (or the split item's tensor), the rest V.
+struct ItemSources {
+  const uint16_t* first;
+  const uint16_t* second;  // pair mode
+};
+
+template <bool kSplit>
+__device__ __forceinline__ ItemSources item_sources(const AppendParams& p, const Item& it) {
   const RowsView& first = it.is_value ? p.value : p.key;
-  load_values<kBlocks, kVector>(first.data + it.row * first.row_stride + it.head * first.head_stride + it.column, w);
+  ItemSources s{first.data + it.row * first.row_stride + it.head * first.head_stride + it.column, nullptr};
   if constexpr (!kSplit) {
-    load_values<kBlocks, kVector>(p.value.data + it.row * p.value.row_stride + it.head * p.value.head_stride +
-                                      it.column,
-                                  w + 8 * kBlocks);
+    s.second = p.value.data + it.row * p.value.row_stride + it.head * p.value.head_stride + it.column;
   }
+  return s;
+}
+
+template <int kBlocks, bool kVector, bool kSplit>
+__device__ __forceinline__ void load_item(const ItemSources& s, uint32_t* w) {
+  load_values<kBlocks, kVector>(s.first, w);
+  if constexpr (!kSplit) load_values<kBlocks, kVector>(s.second, w + 8 * kBlocks);
 }
 
 // The quantized blocks of one item: kN = kBlocks (split mode) or 2 kBlocks (K then V).
@@ -192,21 +207,37 @@ __device__ __forceinline__ Quantized<2 * kBlocks> quantize_item_staged(
   return q;
 }
 
+// Where an item's blocks go, but for the page id: its first tensor's, then (pair mode) V's.
+struct ItemDestination {
+  TensorDestination first;
+  TensorDestination value;
+};
+
+template <bool kSplit, bool kPageKnown>
+__device__ __forceinline__ ItemDestination item_destination(const AppendParams& p, const Item& it,
+                                                            const Target& target) {
+  ItemDestination d{};
+  d.first = tensor_destination<kPageKnown>(it.is_value ? p.v_data : p.k_data, it.is_value ? p.v_scales : p.k_scales,
+                                           target, it.head, it.column);
+  if constexpr (!kSplit) d.value = tensor_destination<kPageKnown>(p.v_data, p.v_scales, target, it.head, it.column);
+  return d;
+}
+
 // Store an item once its target is known. A device scale that is not positive and finite leaves its
 // K or V rows untouched.
 template <bool kVector, int kBlocks, bool kSplit, int kN>
 __device__ __forceinline__ void store_item(const AppendParams& p, const LaunchArgs& a, const Item& it,
-                                           const Quantized<kN>& q, const Target& target) {
+                                           const Quantized<kN>& q, const Target& target, const ItemDestination& dst) {
   if (!finish_target(p, target)) return;
   if (usable_global_scale(q.k_scale)) {
     store_tensor<kBlocks, kVector>(q.data, q.sf, it.is_value ? p.v_data : p.k_data,
                                    it.is_value ? p.v_scales : p.k_scales, it.is_value && p.v_scales_trtllm, target,
-                                   it.head, it.column, a);
+                                   dst.first, it.head, it.column, a);
   }
   if constexpr (!kSplit) {
     if (usable_global_scale(q.v_scale)) {
       store_tensor<kBlocks, kVector>(q.data + kBlocks, q.sf + kBlocks, p.v_data, p.v_scales, p.v_scales_trtllm,
-                                     target, it.head, it.column, a);
+                                     target, dst.value, it.head, it.column, a);
     }
   }
 }
@@ -254,12 +285,17 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
   const Item it = locate<kSplit, kBlocks>(index, a);
   uint32_t w[8 * (kSplit ? kBlocks : 2 * kBlocks)];
   RowIndices r{};
+  // The first loads' addresses are computed before the wait (they need no global memory), so that the
+  // loads go out right after it.
+  ItemSources sources = item_sources<kSplit>(p, it);
+  RowIndexAddresses<Index> indices = row_index_addresses<Index>(p, a, it.row);
+  compute_here(sources.first, sources.second, indices.b, indices.position, indices.first, indices.last);
   programmatic_launch::warm_parameter_cache(p, a);
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
   if (active) {
-    load_item<kBlocks, kVector, kSplit>(p, it, w);
-    r = load_row_indices<Index>(p, a, it.row);
+    load_item<kBlocks, kVector, kSplit>(sources, w);
+    r = load_row_indices<Index>(p, a, it.row, indices);
   }
   if constexpr (kTables) {
     fill_reciprocal_tables<kFourOverSix>(p, a, reciprocal, inverses);
@@ -267,9 +303,11 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
     __syncthreads();
   }
   if (!active) return;
-  const Target target = start_target<Index>(p, a, it.row, r);
+  const Target target = start_target<Index, true>(p, a, it.row, r);
+  ItemDestination dst = item_destination<kSplit, false>(p, it, target);  // while the page id is in flight
+  compute_here(dst.first.data, dst.first.data_page_stride, dst.first.scales, dst.first.scales_page_stride);
   const auto q = quantize_item<kBF16, kBlocks, kSplit, kFourOverSix, kTables>(p, it, w, reciprocal, inverses, scaled);
-  store_item<kVector, kBlocks, kSplit>(p, a, it, q, target);
+  store_item<kVector, kBlocks, kSplit>(p, a, it, q, target, dst);
 }
 
 // Pair mode for calls with at least kMinItemsPerRowForSharedChain threads per row, so that a CTA
@@ -301,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
   uint32_t w[16 * kBlocks];
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
-  if (active) load_item<kBlocks, true, false>(p, it, w);
+  if (active) load_item<kBlocks, true, false>(item_sources<false>(p, it), w);
 
   const bool chain_warp = threadIdx.x < 32;
   const uint32_t last_item = (a.items - first_item < a.cta_items() ? a.items : first_item + a.cta_items()) - 1;
@@ -314,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
   __syncthreads();  // the tables are complete
 
   if (chain_warp) {
-    if (threadIdx.x < rows) targets[threadIdx.x] = start_target<Index>(p, a, chain_row, r);
+    if (threadIdx.x < rows) targets[threadIdx.x] = start_target<Index, false>(p, a, chain_row, r);
     __syncwarp();
     asm volatile("bar.arrive 1, %0;" ::"n"(kThreads) : "memory");  // targets published
   }
@@ -328,7 +366,10 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
     q = quantize_item<kBF16, kBlocks, false, false, true>(p, it, w, reciprocal, inverses, scaled);
   }
   if (!chain_warp) asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // wait for the targets
-  if (active) store_item<true, kBlocks, false>(p, a, it, q, targets[it.row - a.row_begin - first_row]);
+  if (active) {
+    const Target& target = targets[it.row - a.row_begin - first_row];
+    store_item<true, kBlocks, false>(p, a, it, q, target, item_destination<false, true>(p, it, target));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -32,13 +32,34 @@ __device__ __forceinline__ void load_values(const uint16_t* src, uint32_t* w) {
   }
 }
 
+// Where a tensor's blocks go: the address of (entry, head, column) in a page and the page stride still
+// to apply (store_tensor writes at data + t.page * data_page_stride). Built before the page id is known
+// (kPageKnown false: page 0, so that the arithmetic is done while the id's load is in flight) or after
+// (the id's page, stride 0).
+struct TensorDestination {
+  uint8_t* data;
+  int64_t data_page_stride;
+  uint8_t* scales;  // linear layout
+  int64_t scales_page_stride;
+};
+
+template <bool kPageKnown>
+__device__ __forceinline__ TensorDestination tensor_destination(const CacheView& data_view,
+                                                                const CacheView& scale_view, const Target& t,
+                                                                uint32_t head, uint32_t column) {
+  const int64_t page = kPageKnown ? t.page : 0;
+  return {data_view.at(page, t.entry, head) + column / 2, kPageKnown ? 0 : data_view.page_stride,
+          scale_view.at(page, t.entry, head) + column / codec::kBlockSize, kPageKnown ? 0 : scale_view.page_stride};
+}
+
 // The blocks of one tensor: data at `data_view`, scales at `scale_view` in the linear layout or, for
 // V with v_scales_trtllm, in the "trtllm" layout (mirrors scale_address in append_params.h).
 template <int kBlocks, bool kVector>
 __device__ __forceinline__ void store_tensor(const uint2* data, const uint8_t* sf, const CacheView& data_view,
                                              const CacheView& scale_view, bool trtllm_scales, const Target& t,
-                                             uint32_t head, uint32_t column, const LaunchArgs& a) {
-  uint8_t* data_dst = data_view.at(t.page, t.entry, head) + column / 2;
+                                             const TensorDestination& dst, uint32_t head, uint32_t column,
+                                             const LaunchArgs& a) {
+  uint8_t* data_dst = dst.data + t.page * dst.data_page_stride;
   if constexpr (kVector) {
     if (kBlocks % 2 == 0 && a.store16) {
 #pragma unroll
@@ -69,7 +90,7 @@ __device__ __forceinline__ void store_tensor(const uint2* data, const uint8_t* s
     }
     return;
   }
-  uint8_t* scale_dst = scale_view.at(t.page, t.entry, head) + block;
+  uint8_t* scale_dst = dst.scales + t.page * dst.scales_page_stride;
   if (kVector && kBlocks % 2 == 0 && a.scale_store16) {
 #pragma unroll
     for (int i = 0; i + 1 < kBlocks; i += 2) {

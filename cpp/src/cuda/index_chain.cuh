@@ -40,6 +40,37 @@ struct RowIndices {
   int64_t last;
 };
 
+// Where level 1's values are (typed Index; parameters and the row only, so a kernel can compute this
+// before its programmatic wait and issue the loads right after it). Null: not read.
+template <typename Index>
+struct RowIndexAddresses {
+  const Index* b = nullptr;  // batch_indices + row, or slot_mapping + row
+  const Index* position = nullptr;
+  const Index* first = nullptr;  // kv_indptr + row and + row + 1 (speculate_batch)
+  const Index* last = nullptr;
+};
+
+template <typename Index>
+__device__ __forceinline__ RowIndexAddresses<Index> row_index_addresses(const AppendParams& p, const LaunchArgs& a,
+                                                                        int64_t row) {
+  RowIndexAddresses<Index> s;
+  if constexpr (!std::is_void_v<Index>) {
+    const auto at = [](const IndexView& v, int64_t i) { return static_cast<const Index*>(v.data) + i * v.stride; };
+    if (p.slot_mapping.data != nullptr) {
+      s.b = at(p.slot_mapping, row);
+      return s;
+    }
+    s.b = at(p.batch_indices, row);
+    s.position = at(p.positions, row);
+    if (a.speculate_batch) {  // row < nnz == batch_size, so row + 1 is a valid kv_indptr index
+      s.first = at(p.kv_indptr, row);
+      s.last = at(p.kv_indptr, row + 1);
+    }
+  }
+  return s;
+}
+
+// Level 1's loads through the views (the pair kernel's chain warp, right after its wait).
 template <typename Index>
 __device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, const LaunchArgs& a, int64_t row) {
   RowIndices r{0, 0, 0, 0};
@@ -56,6 +87,25 @@ __device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, co
   return r;
 }
 
+// The same loads from addresses computed before the wait (row_index_addresses; void: through the views).
+template <typename Index>
+__device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, const LaunchArgs& a, int64_t row,
+                                                       const RowIndexAddresses<Index>& s) {
+  if constexpr (std::is_void_v<Index>) {
+    return load_row_indices<Index>(p, a, row);
+  } else {
+    RowIndices r{0, 0, 0, 0};
+    r.b = int64_t(__ldg(s.b));
+    if (p.slot_mapping.data != nullptr) return r;
+    r.position = int64_t(__ldg(s.position));
+    if (a.speculate_batch) {
+      r.first = int64_t(__ldg(s.first));
+      r.last = int64_t(__ldg(s.last));
+    }
+    return r;
+  }
+}
+
 // Levels 2-3: everything up to the page id, whose load is left in flight.
 struct Target {
   int64_t page;   // page id (loaded, not yet range-checked)
@@ -63,7 +113,11 @@ struct Target {
   bool ok;        // every check but the page id's range passed
 };
 
-template <typename Index>
+// kLoadFirst: the page id's load goes out before the checks (which then overlap it), its index clamped
+// into kv_indices (size >= 1: the host checks); a row whose checks fail is skipped and its id unused.
+// Otherwise the checks come first and a failed row loads element 0 (the pair kernel's chain warp,
+// whose latency is hidden by the quantizing warps: its code is kept as measured).
+template <typename Index, bool kLoadFirst>
 __device__ __forceinline__ Target start_target(const AppendParams& p, const LaunchArgs& a, int64_t row,
                                                const RowIndices& r) {
   Target t;
@@ -88,7 +142,9 @@ __device__ __forceinline__ Target start_target(const AppendParams& p, const Laun
   const int64_t slot = int64_t(uint64_t(first) + page_offset);
   t.ok = b_ok && position >= 0 && first < last && page_offset < uint64_t(last) - uint64_t(first) && slot >= 0 &&
          slot < p.kv_indices.size;
-  t.page = read_index<Index>(p.kv_indices, t.ok ? slot : 0);  // kv_indices.size >= 1 (the host checks)
+  const int64_t last_slot = p.kv_indices.size - 1;
+  t.page = read_index<Index>(p.kv_indices, kLoadFirst ? (slot < 0 ? 0 : (slot > last_slot ? last_slot : slot))
+                                                      : (t.ok ? slot : 0));
   t.entry = position - int64_t(page_offset) * p.page_size;
   return t;
 }
