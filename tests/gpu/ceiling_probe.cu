@@ -26,18 +26,11 @@
 #include <string>
 #include <vector>
 
+#include "check_cuda.h"
 #include "cuda/append_paged_kv_cache_kernel.cu"  // the op's own kernels and launcher
 #include "cuda/block_quantizer.cuh"
 #include "cuda/programmatic_launch.cuh"
 
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    cudaError_t e = (call);                                                                 \
-    if (e != cudaSuccess) {                                                                 \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(2);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 namespace {
 
@@ -255,14 +248,16 @@ void probe_stream(const PrefillCase& c, size_t l2_bytes, int sms, double ceiling
 constexpr uint32_t kBlocksPerRow = 2 * kHeads * 128 / 16;  // K and V of 8 heads, head_dim 128
 
 // One thread per block of a decode row: read 32 bytes, find the row's slot through kLevels dependent
-// index loads, store 8 + 1 bytes there. kLevels 0: slot = row; 1: slot = first[row] (slot mapping);
-// 2: page = indices[second[row] + first[row] / 16] with first = position, second = kv_indptr read at
-// the row (the op's guess b == row), slot = page * 16 + position % 16.
-template <int kLevels>
+// index loads, store 8 + 1 bytes there: an XOR of the input, or (kQuantize) the op's decode
+// quantization of the block (bf16, global scale s, block_quantizer::quantize_blocks' split-mode
+// arithmetic). kLevels 0: slot = row; 1: slot = first[row] (slot mapping); 2: page = indices[second[row]
+// + first[row] / 16] with first = position, second = kv_indptr read at the row (the op's guess
+// b == row), slot = page * 16 + position % 16.
+template <int kLevels, bool kQuantize>
 __global__ void __launch_bounds__(kThreads) chain_blocks(const uint4* __restrict__ in, const int* __restrict__ first,
                                                         const int* __restrict__ second,
                                                         const int* __restrict__ indices, uint2* __restrict__ data,
-                                                        uint8_t* __restrict__ sf, uint32_t rows) {
+                                                        uint8_t* __restrict__ sf, uint32_t rows, float s) {
   nvfp4kv::programmatic_launch::wait_for_previous_kernel();
   nvfp4kv::programmatic_launch::allow_next_kernel();
   const uint32_t t = blockIdx.x * kThreads + threadIdx.x;
@@ -275,31 +270,14 @@ __global__ void __launch_bounds__(kThreads) chain_blocks(const uint4* __restrict
     const int position = first[row], start = second[row];
     slot = size_t(uint32_t(indices[start + position / kPageSize])) * kPageSize + position % kPageSize;
   }
-  const uint2 d = fold(lo, hi);
-  data[slot * kBlocksPerRow + block] = d;
-  sf[slot * kBlocksPerRow + block] = fold_byte(d);
-}
-
-// The page-table chain of chain_blocks<2> plus the op's decode quantization of the block (bf16, global
-// scale s, the split-mode arithmetic of block_quantizer::quantize_blocks).
-__global__ void __launch_bounds__(kThreads) chain_quantize(const uint4* __restrict__ in, const int* __restrict__ first,
-                                                          const int* __restrict__ second,
-                                                          const int* __restrict__ indices, uint2* __restrict__ data,
-                                                          uint8_t* __restrict__ sf, uint32_t rows, float s) {
-  nvfp4kv::programmatic_launch::wait_for_previous_kernel();
-  nvfp4kv::programmatic_launch::allow_next_kernel();
-  const uint32_t t = blockIdx.x * kThreads + threadIdx.x;
-  if (t >= rows * kBlocksPerRow) return;
-  const uint32_t row = t / kBlocksPerRow, block = t - row * kBlocksPerRow;
-  const uint4 lo = in[2 * size_t(t)], hi = in[2 * size_t(t) + 1];
-  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  const int position = first[row], start = second[row];
-  const size_t slot = size_t(uint32_t(indices[start + position / kPageSize])) * kPageSize + position % kPageSize;
-  const float six_s = 6.0f * s, division = 0.0f;
-  const float* no_table = nullptr;
-  uint2 d;
-  uint8_t byte;
-  nvfp4kv::block_quantizer::quantize_blocks<true, 1, false>(w, &s, &six_s, &division, &no_table, &d, &byte);
+  uint2 d = fold(lo, hi);
+  uint8_t byte = fold_byte(d);
+  if constexpr (kQuantize) {
+    const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    const float six_s = 6.0f * s, division = 0.0f;
+    const float* no_table = nullptr;
+    nvfp4kv::block_quantizer::quantize_blocks<true, 1, false>(w, &s, &six_s, &division, &no_table, &d, &byte);
+  }
   data[slot * kBlocksPerRow + block] = d;
   sf[slot * kBlocksPerRow + block] = byte;
 }
@@ -313,6 +291,7 @@ struct ChainSet {
   uint2* data;
   uint8_t* sf;
 };
+
 
 // The op's parameters for set `set` (bf16 K then V rows in set.in, NHD caches in set.data / set.sf,
 // request r = row r with one page, batch_indices = second = r, kv_indptr = indptr).
@@ -375,31 +354,22 @@ void probe_chain(int rows, double target_us, size_t l2_bytes, const L2Flush& flu
   }
   const uint32_t grid = (rows * kBlocksPerRow + kThreads - 1) / kThreads;
   std::printf("decode nnz=%d (target %.1f us; %d sets%s):", rows, target_us, count, flushed ? ", L2 flushed" : "");
-  using Kernel = void (*)(const uint4*, const int*, const int*, const int*, uint2*, uint8_t*, uint32_t);
-  const Kernel kernels[3] = {chain_blocks<0>, chain_blocks<1>, chain_blocks<2>};
-  const char* names[3] = {"no index", "slot mapping", "page table"};
+  using Kernel = void (*)(const uint4*, const int*, const int*, const int*, uint2*, uint8_t*, uint32_t, float);
+  const Kernel kernels[4] = {chain_blocks<0, false>, chain_blocks<1, false>, chain_blocks<2, false>,
+                             chain_blocks<2, true>};
+  const char* names[4] = {"no index", "slot mapping", "page table", "page table + quantize"};
   for (int pdl = 1; pdl >= 0; --pdl) {
     std::printf("\n  %s:", pdl ? "programmatic launch" : "plain launch       ");
     const int launches = std::min(count, 1024);
-    for (int levels = 0; levels < 3; ++levels) {
+    for (int k = 0; k < 4; ++k) {
       cudaGraphExec_t g = capture(launches, s, [&](int i) {
         const ChainSet& set = sets[i % count];
-        const int* first = levels == 1 ? set.first + rows : set.first;
-        CHECK_CUDA(nvfp4kv::programmatic_launch::launch(kernels[levels], dim3(grid), dim3(kThreads), s, pdl != 0,
-                                                        set.in, first, set.second, set.indices, set.data, set.sf,
-                                                        uint32_t(rows)));
-      });
-      std::printf("  %s %.2f us", names[levels], time_graph(g, launches, s, flushed ? &flush : nullptr));
-      CHECK_CUDA(cudaGraphExecDestroy(g));
-    }
-    {
-      cudaGraphExec_t g = capture(launches, s, [&](int i) {
-        const ChainSet& set = sets[i % count];
-        CHECK_CUDA(nvfp4kv::programmatic_launch::launch(chain_quantize, dim3(grid), dim3(kThreads), s, pdl != 0, set.in,
-                                                        set.first, set.second, set.indices, set.data, set.sf,
+        const int* first = k == 1 ? set.first + rows : set.first;  // slot mapping: the slots
+        CHECK_CUDA(nvfp4kv::programmatic_launch::launch(kernels[k], dim3(grid), dim3(kThreads), s, pdl != 0, set.in,
+                                                        first, set.second, set.indices, set.data, set.sf,
                                                         uint32_t(rows), 1.0f / 2688));
       });
-      std::printf("  page table + quantize %.2f us", time_graph(g, launches, s, flushed ? &flush : nullptr));
+      std::printf("  %s %.2f us", names[k], time_graph(g, launches, s, flushed ? &flush : nullptr));
       CHECK_CUDA(cudaGraphExecDestroy(g));
     }
     if (pdl) {  // the op launches programmatically unless NVFP4KV_PDL=0 (read once per process)

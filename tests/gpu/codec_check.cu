@@ -26,19 +26,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "check_cuda.h"
 #include "cuda/block_quantizer.cuh"
 #include "cuda/four_over_six_quantizer.cuh"
 
 using namespace nvfp4kv;
 
-#define CHECK_CUDA(call)                                                                        \
-  do {                                                                                          \
-    cudaError_t e = (call);                                                                     \
-    if (e != cudaSuccess) {                                                                     \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);     \
-      std::exit(2);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 // SPEC section 2, step 6, as written.
 __host__ __device__ uint8_t spec_e2m1_code(float y, float x) {
