@@ -130,7 +130,7 @@ def test_every_forced_kernel_mode():
     each mode must give the CPU's bytes on decode and prefill cases, with each recipe and V-scale layout
     (the last case is large enough for the pair kernel in auto mode too). So must the automatic choice
     with the other tuning switches off: no programmatic launch, warp 0 quantizing in the page-table
-    pair kernel, a division per block."""
+    pair kernel, a division per block; and split mode with CTAs of 96 threads (NVFP4KV_SPLIT_THREADS)."""
     code = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(TESTS_DIR)!r})
@@ -156,7 +156,9 @@ def test_every_forced_kernel_mode():
         print("OK")
     """)
     switches_off = dict(NVFP4KV_PDL="0", NVFP4KV_CHAIN_WARP="0", NVFP4KV_HOISTED_DIVISION="0")
-    for mode, switches in (("auto", {}), ("pair", {}), ("oneshot", {}), ("split", {}), ("auto", switches_off)):
+    modes = (("auto", {}), ("pair", {}), ("oneshot", {}), ("split", {}), ("split", dict(NVFP4KV_SPLIT_THREADS="96")),
+             ("auto", switches_off))
+    for mode, switches in modes:
         env = {**os.environ, "NVFP4KV_KERNEL": mode, **switches}
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
         assert result.returncode == 0 and "OK" in result.stdout, (mode, switches, result.stdout + result.stderr)

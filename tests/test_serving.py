@@ -78,8 +78,10 @@ def test_slot_mapping_writes_exactly_the_slot(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", ["page_table", "slot_mapping"])
-def test_tensor_scales_give_the_float_scale_bytes(device, variant):
-    case = make_append_case(seed=31, stacked=True).to(device)
+@pytest.mark.parametrize("global_scale", [None, 1e-30, 3e30])
+def test_tensor_scales_give_the_float_scale_bytes(device, variant, global_scale):
+    """Extreme scales take the IEEE division instead of the reciprocal of 6 s (CUDA)."""
+    case = make_append_case(seed=31, stacked=True, global_scale=global_scale).to(device)
     k_tensor = torch.tensor([case.k_scale], dtype=torch.float32, device=device)
     v_tensor = torch.tensor([case.v_scale], dtype=torch.float32, device=device)
     with_floats, with_tensors = case.cloned(), case.cloned()

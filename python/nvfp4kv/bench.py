@@ -154,6 +154,7 @@ class Case:
     variant: str = "page_table"  # or "slot_mapping"
     v_sf_layout: str = "linear"
     scale_search: str = "none"
+    device_scales: bool = False  # k_scale / v_scale as one-element float32 tensors on the GPU (else floats)
     baseline: bool = True  # also time the pure-PyTorch baseline
 
     @property
@@ -182,6 +183,11 @@ def issue_cases() -> List[Case]:
                    **extra),
               Case("4over6 prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, scale_search="4over6",
                    **extra)]
+    # Per-layer scales kept on the device (serving engines): read by the kernel, no host value.
+    cases += [Case(f"device-scale decode nnz={n}", "decode", n, 128, "NHD", 1, device_scales=True, **extra)
+              for n in (1, 64)]
+    cases += [Case("device-scale prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024,
+                   device_scales=True, **extra)]
     return cases
 
 
@@ -224,9 +230,16 @@ class InputSets:
             self.sets.append(dict(key=key, value=value, batch_indices=as32(batch), positions=as32(positions),
                                   slot_mapping=as32(pages * PAGE_SIZE + positions % PAGE_SIZE),
                                   kv_indices=as32(page_ids), kv_indptr=as32(indptr), kv_last_page_len=as32(last),
-                                  k_scale=float(key.float().abs().max()) / (6 * 448),
-                                  v_scale=float(value.float().abs().max()) / (6 * 448)))
+                                  k_scale=self._scale(key, case), v_scale=self._scale(value, case)))
         self.bytes_per_set = case.bytes_moved + 4 * (2 * case.nnz + pages_per_set + requests + 1)
+
+    @staticmethod
+    def _scale(x: torch.Tensor, case: Case):
+        """The calibrated global scale of x: a float, or a float32 tensor on the GPU (device_scales)."""
+        amax = float(x.float().abs().max())
+        if case.device_scales:
+            return nvfp4kv.global_scale_from_amax(torch.tensor([amax], dtype=torch.float32, device="cuda"))
+        return nvfp4kv.global_scale_from_amax(amax)
 
     def append(self, i: int) -> None:
         s = self.sets[i % len(self.sets)]

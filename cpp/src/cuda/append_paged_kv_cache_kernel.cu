@@ -18,7 +18,10 @@
 // Order inside a thread, chosen so that loads overlap:
 //   0. wait for the previous kernel of the stream (programmatic launch, programmatic_launch.cuh); the
 //      one-item-per-thread kernel first warms the constant cache with its parameters and computes the
-//      addresses of step 1's loads, so that only loads are left after the wait (decode's latency);
+//      addresses of step 1's loads, the store addresses but for the entry's and page's terms and (split
+//      mode, a scale passed by value) the reciprocal of 6 s, so that little but loads is left after the
+//      wait (decode's latency; split mode runs CTAs of a.split_threads threads, 128 by default, so that
+//      a small call spreads over more SMs: one warp per scheduler);
 //   1. issue the input loads (they depend on no index) and the row's level-1 index loads;
 //   2. fill the CTA's reciprocal tables (pair mode) while they are in flight;
 //   3. resolve the index chain up to issuing the load of the page id (batch index -> kv_indptr ->
@@ -108,6 +111,19 @@ __device__ __forceinline__ void load_item(const ItemSources& s, uint32_t* w) {
   if constexpr (!kSplit) load_values<kBlocks, kVector>(s.second, w + 8 * kBlocks);
 }
 
+// The global scales of an item: its first tensor's (K, or the split item's tensor) and V's (pair mode).
+// A device scale is a load: the one-item kernel issues it beside the input loads, so that the
+// quantization does not wait for it after the index chain.
+struct ItemScales {
+  float first;
+  float value;
+};
+
+template <bool kSplit>
+__device__ __forceinline__ ItemScales item_scales(const AppendParams& p, const Item& it) {
+  return {global_scale(p, it.is_value), kSplit ? 0.0f : global_scale(p, true)};
+}
+
 // The quantized blocks of one item: kN = kBlocks (split mode) or 2 kBlocks (K then V).
 template <int kN>
 struct Quantized {
@@ -117,17 +133,19 @@ struct Quantized {
   float v_scale;
 };
 
-// Quantize an item. `reciprocal` and `inverses` (fill_reciprocal_tables) are the CTA's
-// shared tables when kTables (split mode computes 1 / (sf s) and divides: one block per thread gains
-// nothing from a table, and the hoisted reciprocal would only add its latency).
+// Quantize an item with global scales g. `reciprocal` and `inverses` (fill_reciprocal_tables) are the
+// CTA's shared tables when kTables; split mode computes 1 / (sf s) (one block per thread gains nothing
+// from a table) and takes division_inverse(6 s) as split_inverse (0: the IEEE division), which the
+// kernel computes while the inputs are in flight.
 template <bool kBF16, int kBlocks, bool kSplit, bool kFourOverSix, bool kTables>
 __device__ __forceinline__ Quantized<kSplit ? kBlocks : 2 * kBlocks> quantize_item(
-    const AppendParams& p, const Item& it, const uint32_t* w,
-    const float (*reciprocal)[block_quantizer::kReciprocalTableSize], const float* inverses, const float* scaled) {
+    const ItemScales& g, const Item& it, const uint32_t* w,
+    const float (*reciprocal)[block_quantizer::kReciprocalTableSize], const float* inverses, const float* scaled,
+    float split_inverse = 0.0f) {
   constexpr int kN = kSplit ? kBlocks : 2 * kBlocks;
   Quantized<kN> q;
-  q.k_scale = global_scale(p, it.is_value);  // split mode: the item's tensor
-  q.v_scale = global_scale(p, true);
+  q.k_scale = g.first;  // split mode: the item's tensor
+  q.v_scale = g.value;
   if constexpr (kFourOverSix) {  // the optional 4-over-6 recipe, block by block
     if (!block_quantizer::four_over_six_fast_scale(q.k_scale) ||
         !block_quantizer::four_over_six_fast_scale(q.v_scale)) {
@@ -156,7 +174,7 @@ __device__ __forceinline__ Quantized<kSplit ? kBlocks : 2 * kBlocks> quantize_it
       const bool value = i < kBlocks ? it.is_value : true;
       s[i] = i < kBlocks ? q.k_scale : q.v_scale;
       six_s[i] = codec::kE2M1MaxValue * s[i];  // SPEC step 3: 6 * s rounded first
-      inverse[i] = kTables ? inverses[value] : 0.0f;  // split mode: one block, the IEEE division
+      inverse[i] = kTables ? inverses[value] : split_inverse;
       tables[i] = kTables ? reciprocal[value] : nullptr;
     }
     block_quantizer::quantize_blocks<kBF16, kN, kTables>(w, s, six_s, inverse, tables, q.data, q.sf);
@@ -180,7 +198,8 @@ __device__ __forceinline__ Quantized<2 * kBlocks> quantize_item_staged(
   q.v_scale = global_scale(p, true);
   if (!block_quantizer::four_over_six_fast_scale(q.k_scale) ||
       !block_quantizer::four_over_six_fast_scale(q.v_scale)) {
-    return quantize_item<kBF16, kBlocks, false, true, true>(p, it, w, reciprocal, inverses, scaled);
+    return quantize_item<kBF16, kBlocks, false, true, true>({q.k_scale, q.v_scale}, it, w, reciprocal, inverses,
+                                                             scaled);
   }
   const uint32_t t = threadIdx.x;
 #pragma unroll
@@ -221,6 +240,13 @@ __device__ __forceinline__ ItemDestination item_destination(const AppendParams& 
                                            target, it.head, it.column);
   if constexpr (!kSplit) d.value = tensor_destination<kPageKnown>(p.v_data, p.v_scales, target, it.head, it.column);
   return d;
+}
+
+// The entry's part of an item destination built for entry 0 (item_destination with a Target{}).
+template <bool kSplit>
+__device__ __forceinline__ void add_entry(ItemDestination& d, const AppendParams& p, const Item& it, int64_t entry) {
+  add_entry(d.first, it.is_value ? p.v_data : p.k_data, it.is_value ? p.v_scales : p.k_scales, entry);
+  if constexpr (!kSplit) add_entry(d.value, p.v_data, p.v_scales, entry);
 }
 
 // Store an item once its target is known. A device scale that is not positive and finite leaves its
@@ -274,28 +300,44 @@ __device__ __forceinline__ void fill_scaled_table(float* scaled) {
 // One item per thread. The loads that start the two chains (inputs; the row's index values) go out
 // first, then the tables are filled while they are in flight.
 template <bool kBF16, bool kVector, int kBlocks, bool kSplit, typename Index, bool kFourOverSix>
-__global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ? 1 : 4)  // pair: 64 registers
+// 64 registers (4 CTAs of kThreads per SM) but for 4-over-6 (split mode: 128) and the scalar kernel: a
+// large decode call (split mode) must fit one wave (PERFORMANCE_LOG v10: 72 registers cost nnz 1024 a
+// second wave, +1.2 us).
+__global__ void __launch_bounds__(kThreads, !kVector ? 1 : kFourOverSix ? (kSplit ? 2 : 1) : 4)
     append_paged_kv_cache_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
   constexpr bool kTables = !kSplit;
   __shared__ float reciprocal[kTables ? 2 : 1][block_quantizer::kReciprocalTableSize];
   __shared__ float inverses[kFourOverSix ? 4 : 2];
   __shared__ float scaled[kTables && kFourOverSix ? block_quantizer::kReciprocalTableSize : 1];
-  const uint32_t index = blockIdx.x * kThreads + threadIdx.x;
+  const uint32_t index = blockIdx.x * (kSplit ? blockDim.x : kThreads) + threadIdx.x;  // split: a.split_threads
   const bool active = index < a.items;
   const Item it = locate<kSplit, kBlocks>(index, a);
   uint32_t w[8 * (kSplit ? kBlocks : 2 * kBlocks)];
   RowIndices r{};
+  ItemScales g{};
   // The first loads' addresses are computed before the wait (they need no global memory), so that the
   // loads go out right after it.
   ItemSources sources = item_sources<kSplit>(p, it);
   RowIndexAddresses<Index> indices = row_index_addresses<Index>(p, a, it.row);
   compute_here(sources.first, sources.second, indices.b, indices.position, indices.first, indices.last);
+  // So are the store addresses but for the entry's and the page's terms.
+  ItemDestination dst = item_destination<kSplit, false>(p, it, Target{});
+  compute_here(dst.first.data, dst.first.scales, dst.value.data, dst.value.scales);
+  // Split mode: the reciprocal of 6 s for a scale passed by value, also before the wait.
+  float split_inverse = 0.0f;
+  if constexpr (kSplit && !kFourOverSix) {
+    if (a.hoisted_division) {
+      split_inverse = block_quantizer::division_inverse(codec::kE2M1MaxValue * (it.is_value ? p.v_scale : p.k_scale));
+    }
+    compute_here(split_inverse);
+  }
   programmatic_launch::warm_parameter_cache(p, a);
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
   if (active) {
     load_item<kBlocks, kVector, kSplit>(sources, w);
     r = load_row_indices<Index>(p, a, it.row, indices);
+    g = item_scales<kSplit>(p, it);
   }
   if constexpr (kTables) {
     fill_reciprocal_tables<kFourOverSix>(p, a, reciprocal, inverses);
@@ -304,9 +346,12 @@ __global__ void __launch_bounds__(kThreads, kSplit || kFourOverSix || !kVector ?
   }
   if (!active) return;
   const Target target = start_target<Index, true>(p, a, it.row, r);
-  ItemDestination dst = item_destination<kSplit, false>(p, it, target);  // while the page id is in flight
-  compute_here(dst.first.data, dst.first.data_page_stride, dst.first.scales, dst.first.scales_page_stride);
-  const auto q = quantize_item<kBF16, kBlocks, kSplit, kFourOverSix, kTables>(p, it, w, reciprocal, inverses, scaled);
+  add_entry<kSplit>(dst, p, it, target.entry);  // while the page id is in flight
+  if (kSplit && !kFourOverSix && a.hoisted_division && (it.is_value ? p.v_scale_device : p.k_scale_device)) {
+    split_inverse = block_quantizer::division_inverse(codec::kE2M1MaxValue * g.first);  // a device scale
+  }
+  const auto q = quantize_item<kBF16, kBlocks, kSplit, kFourOverSix, kTables>(g, it, w, reciprocal, inverses, scaled,
+                                                                               split_inverse);
   store_item<kVector, kBlocks, kSplit>(p, a, it, q, target, dst);
 }
 
@@ -363,7 +408,8 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
                                                staged_sf);
     }
   } else if (active) {
-    q = quantize_item<kBF16, kBlocks, false, false, true>(p, it, w, reciprocal, inverses, scaled);
+    q = quantize_item<kBF16, kBlocks, false, false, true>(item_scales<false>(p, it), it, w, reciprocal, inverses,
+                                                          scaled);
   }
   if (!chain_warp) asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // wait for the targets
   if (active) {
@@ -406,7 +452,8 @@ void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
     const int64_t rows = p.nnz - row < rows_per_launch ? p.nnz - row : rows_per_launch;
     a.row_begin = row;
     a.items = uint32_t(rows * per_row);
-    const dim3 grid((a.items + kThreads - 1) / kThreads);
+    const uint32_t threads = kSplit ? a.split_threads : kThreads;
+    const dim3 grid((a.items + threads - 1) / threads);
     if constexpr (kVector && !kSplit) {
       if (per_row >= kMinItemsPerRowForSharedChain && forced_mode() != kForceOneShot) {
         // The page table's chain (three dependent loads) gets a warp of its own; the slot mapping's
@@ -420,7 +467,7 @@ void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
       }
     }
     programmatic_launch::launch(append_paged_kv_cache_kernel<kBF16, kVector, kBlocks, kSplit, Index, kFourOverSix>,
-                                grid, dim3(kThreads), stream, programmatic, p, a);
+                                grid, dim3(threads), stream, programmatic, p, a);
   }
 }
 
@@ -500,6 +547,7 @@ int launch_append_paged_kv_cache(const AppendParams& p, void* stream, const char
   a.quotient_limit = small_pages ? uint64_t(1) << 31 : 0;
   a.speculate_batch = !slot_mapping && p.nnz == p.batch_size;
   a.hoisted_division = hoisted_division_enabled();
+  a.split_threads = split_mode_threads();
   a.store16 = plan.blocks >= 2 && cache_aligned(p.k_data, 16) && cache_aligned(p.v_data, 16);
   a.scale_store16 =
       plan.blocks >= 2 && cache_aligned(p.k_scales, 2) && cache_aligned(p.v_scales, 2) && !p.v_scales_trtllm;

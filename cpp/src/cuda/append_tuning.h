@@ -31,10 +31,23 @@ inline int forced_mode() {
   return mode;
 }
 
-// NVFP4KV_HOISTED_DIVISION=0 makes the table modes divide per block (a tuning aid).
+// NVFP4KV_HOISTED_DIVISION=0 makes every mode divide per block (a tuning aid).
 inline bool hoisted_division_enabled() {
   static const bool enabled = on_unless_zero("NVFP4KV_HOISTED_DIVISION");
   return enabled;
+}
+
+// NVFP4KV_SPLIT_THREADS=32|64|...|256: threads per CTA in split mode (decode), kDefaultSplitThreads
+// otherwise (a tuning aid).
+constexpr int kDefaultSplitThreads = 128;  // PERFORMANCE_LOG v10b
+
+inline int split_mode_threads() {
+  static const int threads = [] {
+    const char* v = std::getenv("NVFP4KV_SPLIT_THREADS");
+    const int n = v == nullptr ? 0 : std::atoi(v);
+    return n >= 32 && n <= 256 && n % 32 == 0 ? n : kDefaultSplitThreads;
+  }();
+  return threads;
 }
 
 // NVFP4KV_CHAIN_WARP=0 lets warp 0 of the pair kernel quantize too in the page-table variant (a tuning aid).

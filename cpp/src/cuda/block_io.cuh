@@ -34,8 +34,9 @@ __device__ __forceinline__ void load_values(const uint16_t* src, uint32_t* w) {
 
 // Where a tensor's blocks go: the address of (entry, head, column) in a page and the page stride still
 // to apply (store_tensor writes at data + t.page * data_page_stride). Built before the page id is known
-// (kPageKnown false: page 0, so that the arithmetic is done while the id's load is in flight) or after
-// (the id's page, stride 0).
+// (kPageKnown false: page 0, so that the arithmetic is done early: the one-item kernel builds it for
+// entry 0 before its programmatic wait and adds the entry's term, add_entry, while the page id's load
+// is in flight) or after (the id's page, stride 0).
 struct TensorDestination {
   uint8_t* data;
   int64_t data_page_stride;
@@ -50,6 +51,13 @@ __device__ __forceinline__ TensorDestination tensor_destination(const CacheView&
   const int64_t page = kPageKnown ? t.page : 0;
   return {data_view.at(page, t.entry, head) + column / 2, kPageKnown ? 0 : data_view.page_stride,
           scale_view.at(page, t.entry, head) + column / codec::kBlockSize, kPageKnown ? 0 : scale_view.page_stride};
+}
+
+// The entry's term of a destination built for entry 0.
+__device__ __forceinline__ void add_entry(TensorDestination& d, const CacheView& data_view,
+                                          const CacheView& scale_view, int64_t entry) {
+  d.data += entry * data_view.entry_stride;
+  d.scales += entry * scale_view.entry_stride;
 }
 
 // The blocks of one tensor: data at `data_view`, scales at `scale_view` in the linear layout or, for

@@ -26,7 +26,14 @@ __device__ __forceinline__ int64_t read_index(const IndexView& v, int64_t i) {
 }
 
 // v / page_size for v >= 0; 0 for v < 0 (padding slots, bad positions: their rows are skipped anyway).
+// Index values read as int32 are below 2^31, so they need no 64-bit path and no branch (a decode
+// row's latency): below quotient_limit when it is set, and below page_size (quotient 0) when not.
+template <typename Index>
 __device__ __forceinline__ uint64_t page_quotient(int64_t v, const AppendParams& p, const LaunchArgs& a) {
+  if constexpr (std::is_same_v<Index, int32_t>) {
+    const uint32_t q = a.page_size.div(uint32_t(v < 0 ? 0 : v));
+    return a.quotient_limit != 0 ? q : 0;
+  }
   if (v < 0) return 0;
   if (uint64_t(v) < a.quotient_limit) return a.page_size.div(uint32_t(v));
   return uint64_t(v) / uint64_t(p.page_size);  // only for positions or slots of 2^31 and more
@@ -122,10 +129,11 @@ struct Target {
 template <typename Index, bool kLoadFirst>
 __device__ __forceinline__ Target start_target(const AppendParams& p, const LaunchArgs& a, int64_t row,
                                                const RowIndices& r) {
+  using QuotientIndex = std::conditional_t<kLoadFirst, Index, void>;  // the chain warp keeps its measured code
   Target t;
   if (p.slot_mapping.data != nullptr) {
     const int64_t slot = r.b;
-    const uint64_t page = page_quotient(slot, p, a);
+    const uint64_t page = page_quotient<QuotientIndex>(slot, p, a);
     t.ok = slot >= 0;  // and page < num_pages, checked with the page-table case in finish_target
     t.page = int64_t(page);
     t.entry = slot - int64_t(page) * p.page_size;
@@ -139,13 +147,14 @@ __device__ __forceinline__ Target start_target(const AppendParams& p, const Laun
     first = read_index<Index>(p.kv_indptr, bc);
     last = read_index<Index>(p.kv_indptr, bc + 1);
   }
-  const uint64_t page_offset = page_quotient(position, p, a);
+  const uint64_t page_offset = page_quotient<QuotientIndex>(position, p, a);
   // last - first fits in uint64 when last > first; the slot then lies below last: no overflow.
   const int64_t slot = int64_t(uint64_t(first) + page_offset);
   t.ok = b_ok && position >= 0 && first < last && page_offset < uint64_t(last) - uint64_t(first) && slot >= 0 &&
          slot < p.kv_indices.size;
-  const int64_t last_slot = p.kv_indices.size - 1;
-  t.page = read_index<Index>(p.kv_indices, kLoadFirst ? (slot < 0 ? 0 : (slot > last_slot ? last_slot : slot))
+  // kLoadFirst: a slot outside [0, size) (negative ones compare as huge) reads the last element.
+  const uint64_t last_slot = uint64_t(p.kv_indices.size - 1);
+  t.page = read_index<Index>(p.kv_indices, kLoadFirst ? int64_t(uint64_t(slot) > last_slot ? last_slot : slot)
                                                       : (t.ok ? slot : 0));
   t.entry = position - int64_t(page_offset) * p.page_size;
   return t;

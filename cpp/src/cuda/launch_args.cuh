@@ -43,8 +43,9 @@ struct LaunchArgs {
   bool speculate_batch;     // nnz == batch_size: load kv_indptr[row] early, betting b == row
   bool store16;             // 16-byte packed stores (even kBlocks and every data view 16-byte aligned)
   bool scale_store16;       // 2-byte scale stores (even kBlocks and every scale view 2-byte aligned)
-  bool hoisted_division;    // table modes: a / (6 s) (and 4-over-6's a / (4 s)) from reciprocals per global scale
+  bool hoisted_division;    // a / (6 s) (and 4-over-6's a / (4 s) in table modes) from reciprocals per global scale
   uint32_t item_offset;     // pair kernel: threads below this one quantize nothing (0, or 32: a chain-only warp)
+  uint32_t split_threads;   // split mode: threads per CTA (a multiple of 32, at most kThreads)
 
   // Pair kernel: items per CTA.
   __host__ __device__ uint32_t cta_items() const { return kThreads - item_offset; }
