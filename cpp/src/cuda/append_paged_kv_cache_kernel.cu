@@ -320,11 +320,15 @@ __global__ void __launch_bounds__(kThreads, !kVector ? 1 : kFourOverSix ? (kSpli
   ItemSources sources = item_sources<kSplit>(p, it);
   RowIndexAddresses<Index> indices = row_index_addresses<Index>(p, a, it.row);
   compute_here(sources.first, sources.second, indices.b, indices.position, indices.first, indices.last);
-  // So are the store addresses but for the entry's and the page's terms.
-  ItemDestination dst = item_destination<kSplit, false>(p, it, Target{});
-  compute_here(dst.first.data, dst.first.scales, dst.value.data, dst.value.scales);
-  // Split mode: the reciprocal of 6 s for a scale passed by value, also before the wait.
+  // Split mode: so are the store addresses but for the entry's and the page's terms, and the reciprocal
+  // of 6 s for a scale passed by value (PERFORMANCE_LOG v10b; the other modes keep their session-6
+  // code: there the addresses live across the loads and the compiler delays the input loads then).
+  ItemDestination dst{};
   float split_inverse = 0.0f;
+  if constexpr (kSplit) {
+    dst = item_destination<kSplit, false>(p, it, Target{});
+    compute_here(dst.first.data, dst.first.scales);
+  }
   if constexpr (kSplit && !kFourOverSix) {
     if (a.hoisted_division) {
       split_inverse = block_quantizer::division_inverse(codec::kE2M1MaxValue * (it.is_value ? p.v_scale : p.k_scale));
@@ -337,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, !kVector ? 1 : kFourOverSix ? (kSpli
   if (active) {
     load_item<kBlocks, kVector, kSplit>(sources, w);
     r = load_row_indices<Index>(p, a, it.row, indices);
-    g = item_scales<kSplit>(p, it);
+    if constexpr (kSplit) g = item_scales<kSplit>(p, it);
   }
   if constexpr (kTables) {
     fill_reciprocal_tables<kFourOverSix>(p, a, reciprocal, inverses);
@@ -346,7 +350,13 @@ __global__ void __launch_bounds__(kThreads, !kVector ? 1 : kFourOverSix ? (kSpli
   }
   if (!active) return;
   const Target target = start_target<Index, true>(p, a, it.row, r);
-  add_entry<kSplit>(dst, p, it, target.entry);  // while the page id is in flight
+  if constexpr (kSplit) {
+    add_entry<kSplit>(dst, p, it, target.entry);  // while the page id is in flight
+  } else {
+    dst = item_destination<kSplit, false>(p, it, target);  // while the page id is in flight
+    compute_here(dst.first.data, dst.first.data_page_stride, dst.first.scales, dst.first.scales_page_stride);
+    g = item_scales<kSplit>(p, it);
+  }
   if (kSplit && !kFourOverSix && a.hoisted_division && (it.is_value ? p.v_scale_device : p.k_scale_device)) {
     split_inverse = block_quantizer::division_inverse(codec::kE2M1MaxValue * g.first);  // a device scale
   }
