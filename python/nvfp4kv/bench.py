@@ -155,12 +155,13 @@ class Case:
     v_sf_layout: str = "linear"
     scale_search: str = "none"
     device_scales: bool = False  # k_scale / v_scale as one-element float32 tensors on the GPU (else floats)
+    heads: int = HEADS  # KV heads
     baseline: bool = True  # also time the pure-PyTorch baseline
 
     @property
     def bytes_moved(self) -> int:
         """bf16 K and V read, packed data and scales written (index reads are not counted)."""
-        values = self.nnz * HEADS * self.head_dim
+        values = self.nnz * self.heads * self.head_dim
         return 2 * (2 * values + values // 2 + values // 16)
 
 
@@ -188,6 +189,9 @@ def issue_cases() -> List[Case]:
               for n in (1, 64)]
     cases += [Case("device-scale prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024,
                    device_scales=True, **extra)]
+    # One KV head per GPU (a tensor-parallel shard of a GQA model): fewer than 9 threads per row, so the
+    # one-item kernel in its "oneshot" mode instead of the pair kernel.
+    cases += [Case("1-head prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, heads=1, **extra)]
     return cases
 
 
@@ -201,7 +205,7 @@ class InputSets:
         pages_per_request = max(1, math.ceil(case.tokens_per_request / PAGE_SIZE))
         pages_per_set = requests * pages_per_request
         total_pages = count * pages_per_set
-        inner = [PAGE_SIZE, HEADS] if case.layout == "NHD" else [HEADS, PAGE_SIZE]
+        inner = [PAGE_SIZE, case.heads] if case.layout == "NHD" else [case.heads, PAGE_SIZE]
         self.k_cache = torch.zeros(total_pages, *inner, case.head_dim // 2, dtype=torch.uint8, device="cuda")
         self.v_cache = torch.zeros_like(self.k_cache)
         self.k_sf = torch.zeros(total_pages, *inner, case.head_dim // 16, dtype=torch.uint8,
@@ -212,8 +216,8 @@ class InputSets:
         self.sets = []
         # Decode rows land at the last slot of a random-length request; prefill rows fill whole requests.
         for i in range(count):
-            key = torch.randn(case.nnz, HEADS, case.head_dim, generator=g, device="cuda", dtype=torch.float32)
-            value = torch.randn(case.nnz, HEADS, case.head_dim, generator=g, device="cuda", dtype=torch.float32)
+            key = torch.randn(case.nnz, case.heads, case.head_dim, generator=g, device="cuda", dtype=torch.float32)
+            value = torch.randn(case.nnz, case.heads, case.head_dim, generator=g, device="cuda", dtype=torch.float32)
             key, value = key.to(DTYPE), value.to(DTYPE)
             page_ids = i * pages_per_set + torch.randperm(pages_per_set, generator=g, device="cuda")
             indptr = torch.arange(0, requests + 1, device="cuda") * pages_per_request
@@ -489,7 +493,7 @@ def chart(report: dict, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(8, 5))
     series = {}
     for r in report["cases"]:
-        if r["name"].split()[0] in ("slots", "linear", "trtllm", "4over6"):
+        if r["name"].split()[0] in ("slots", "linear", "trtllm", "4over6", "device-scale", "1-head"):
             continue  # the chart shows the issue's base cases; the table has every case
         label = "decode" if r["kind"] == "decode" else f"prefill D={r['head_dim']} {r['layout']}"
         rate = r["kernel"]["gb_per_s"]
