@@ -18,11 +18,12 @@
 // Order inside a thread, chosen so that loads overlap:
 //   0. wait for the previous kernel of the stream (programmatic launch, programmatic_launch.cuh); the
 //      one-item-per-thread kernel first warms the constant cache with its parameters and computes the
-//      addresses of step 1's loads, the store addresses but for the entry's and page's terms and (split
-//      mode, a scale passed by value) the reciprocal of 6 s, so that little but loads is left after the
-//      wait (decode's latency; split mode runs CTAs of a.split_threads threads, 128 by default, so that
-//      a small call spreads over more SMs: one warp per scheduler);
-//   1. issue the input loads (they depend on no index) and the row's level-1 index loads;
+//      addresses of step 1's loads and, in split mode (decode), the store addresses but for the entry's
+//      and page's terms and the reciprocal of 6 s of a scale passed by value, so that little but loads
+//      is left after the wait (decode's latency; split mode runs CTAs of a.split_threads threads, 128 by
+//      default, so that a small call spreads over more SMs: one warp per scheduler);
+//   1. issue the input loads (they depend on no index), the row's level-1 index loads and (split mode)
+//      the loads of device scales;
 //   2. fill the CTA's reciprocal tables (pair mode) while they are in flight;
 //   3. resolve the index chain up to issuing the load of the page id (batch index -> kv_indptr ->
 //      kv_indices). When nnz == batch_size kv_indptr[row] is loaded with batch_indices[row] on the
