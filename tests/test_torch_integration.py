@@ -2,6 +2,7 @@
 copies in the generated code), TorchScript, eager calls that hold no host memory."""
 
 import os
+import sys
 from typing import Optional
 
 import pytest
@@ -153,6 +154,53 @@ def test_eager_calls_hold_no_host_memory():
     before = resident_bytes()
     calls(50000)
     assert resident_bytes() - before < 2 << 20  # a leak of 144 bytes per call would be 14 MiB
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_calls_give_back_every_tensor_reference(device):
+    """The kernels own their tensor arguments' handles and release them together, taking the GIL once
+    (cpp/src/gil_for_tensor_release.h): every argument's Python reference count is back where it was,
+    with float and tensor scales, both variants, an exception thrown by the checks included."""
+    case = make_append_case(seed=21).to(device)
+    k_scale = torch.tensor([0.5], device=device)
+    slots = torch.arange(case.append_key.shape[0], device=device)
+    tensors = [case.append_key, case.append_value, case.batch_indices, case.positions, *case.paged_kv_cache,
+               *case.kv_cache_sf, case.kv_indices, case.kv_indptr, case.kv_last_page_len, k_scale, slots]
+    before = [sys.getrefcount(t) for t in tensors]
+    for _ in range(20):
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args())
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args()[:9], k_scale, 1.0, case.kv_layout)
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+            case.append_key, case.append_value, slots, case.paged_kv_cache, case.kv_cache_sf, k_scale, k_scale)
+        with pytest.raises(ValueError, match="kv_layout"):
+            nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args()[:11], "XYZ")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert [sys.getrefcount(t) for t in tensors] == before
+
+
+@torch.jit.script
+def forked_append(key: torch.Tensor, value: torch.Tensor, batch_indices: torch.Tensor, positions: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], k_sf: torch.Tensor,
+                  v_sf: Optional[torch.Tensor], kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
+                  kv_last_page_len: torch.Tensor, k_scale: float, v_scale: float, kv_layout: str):
+    future = torch.jit.fork(torch.ops.nvfp4kv.append_paged_kv_cache, key, value, batch_indices, positions, k_cache,
+                            v_cache, k_sf, v_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
+                            kv_layout)
+    torch.jit.wait(future)
+
+
+def test_torchscript_fork_calls_from_a_thread_python_never_saw():
+    """torch.jit.fork runs the op on torch's inter-op pool, a C++ thread without a Python thread state,
+    with tensors that Python holds: their release takes the GIL the way torch does it (no deadlock)."""
+    case = make_append_case(layout="HND", seed=22)
+    eager = case.cloned()
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*eager.args())
+    for _ in range(5):
+        forked_append(*op_args(case))
+    assert torch.equal(cache_bytes(case.paged_kv_cache), cache_bytes(eager.paged_kv_cache))
+    assert torch.equal(cache_bytes(case.kv_cache_sf), cache_bytes(eager.kv_cache_sf))
 
 
 def test_page_module_is_the_same_api():

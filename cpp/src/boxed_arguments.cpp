@@ -1,5 +1,7 @@
 #include "boxed_arguments.h"
 
+#include "gil_for_tensor_release.h"
+
 namespace nvfp4kv {
 
 BoxedArguments::BoxedArguments(StableIValue* stack, uint64_t num_args, uint64_t num_outputs)
@@ -12,6 +14,8 @@ void BoxedArguments::expect(const char* op, uint64_t schema_args) const {
 }
 
 BoxedArguments::~BoxedArguments() {
+  if (num_tensors_ == 0) return;
+  const GilForTensorRelease gil;
   for (size_t i = 0; i < num_tensors_; ++i) aoti_torch_delete_tensor_object(tensors_[i]);
 }
 

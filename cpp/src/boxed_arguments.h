@@ -20,7 +20,9 @@ class BoxedArguments {
   BoxedArguments(StableIValue* stack, uint64_t num_args, uint64_t num_outputs);
   BoxedArguments(const BoxedArguments&) = delete;
   BoxedArguments& operator=(const BoxedArguments&) = delete;
-  ~BoxedArguments();  // deletes every tensor handle read (the call's ownership of its arguments)
+  // Deletes every tensor handle read (the call's ownership of its arguments), under one GIL
+  // acquisition when called from Python (gil_for_tensor_release.h).
+  ~BoxedArguments();
 
   // Checks the call against the kernel's idea of the schema (registration.cpp): `schema_args`
   // arguments, no outputs.
