@@ -21,27 +21,29 @@ constexpr float kSfScaledFactor = 0x1p118f;  // 2^(126 - kSfShift)
 // m of a scale byte (NaN for 0x7F, whose block is discarded).
 __device__ __forceinline__ float scaled_scale_entry(uint8_t byte) { return scale_value(byte) * kSfScaledFactor; }
 
-// The decision of most blocks comes from cheaper ESTIMATES of the two squared errors, in units scaled
-// by g = 2^-c (c: the exponent of the block's absmax a, so the scaled absmax A = a g is in [1, 2)):
-//   d'_k = RN(t_k (1 + w) - x_k g)  (one FMA: the code float's (bits << 22) = v 2^-126 times
-//                                    W = RN(sf s 2^64) 2^(62 - c), so t_k (1 + w) = v sf s g, |w| <= u)
-//   E'   = RN(d'_k d'_k + E')       (FMA), in element order,
-// 3 instructions per value and candidate (+ 1 per value for x g) instead of the recipe's 6. Error bound
-// (u = 2^-24; e_k = t_k - x_k exact, S = sum e_k^2; t_k >= 0 so t_k <= |e_k| + A): both the recipe's
-// E (one rounding for t, the difference, the square and each of 15 sums) and E' (one for t (1 + w),
-// the FMA difference and 16 FMA sums) are within u (20.01 S + 8.01 A sqrt(S)) of S g^2, hence with
-// A sqrt(S) <= (S + A^2) / 2 and S <= E' (1 + 25 u) + 4.01 u A^2:
-//   |E - E'| <= 48.01 u E' + 8.01 u A^2 <= 48.01 u E' + 32.04 u     (A < 2),
-// plus at most 2^-59 from underflow in the scaled domain for a in [2^-40, 2^58] and s in [2^-60, 2^60]
-// (outside those ranges, or when the two bytes are equal, the estimates are not used). So when
-// |E'6 - E'4| > tau = u (64 (E'6 + E'4) + 128) (computed with two roundings; the margins cover them)
+// The decision of most blocks comes from cheaper ESTIMATES of the two squared errors, each in its own
+// candidate's units y = |x| r (r = RN(1 / RN(sf s)), the reciprocal the codes are computed from):
+//   d'_k = RN(v_k - y_k)             (one FFMA: the code float's (bits << 22) = v 2^-126 times 2^126)
+//   E'   = RN(d'_k d'_k + E')        (FMA), in element order,
+// then C = RN(E' sf^2) (sf^2 exact) compares the candidates in units of s^2: 2 instructions per value and
+// candidate on top of the y and the code the encoding computes anyway, instead of the recipe's 6.
+// Error bound (u = 2^-24; per candidate xi_k = |x_k| / (sf s) exactly, e_k = v_k - xi_k, S' = sf^2 sum e_k^2
+// = S / s^2 with S the recipe's exact real error, a' = a / s): y_k = xi_k (1 + eta), |eta| <= 3.0002 u,
+// so |d'_k - e_k| <= u |e_k| + 3.0003 u xi_max; with sum |e_k| <= 4 sqrt(sum e_k^2) and 16 FMA roundings,
+// |C - S'| <= u (19.002 S' + 24.004 a' sqrt(S') + 0.0002 a'^2). The recipe's E (one rounding for t, the
+// difference, the square and each of 15 sums) is within u (20.01 S + 8.01 a sqrt(S)) of S (plus 2^-59 a^2
+// from underflow for a in [2^-40, 2^58] and s in [2^-60, 2^60]), so with a' sqrt(S') <= (S' + a'^2) / 2 and
+// S' <= C (1 + 31.1 u) + 12.02 u a'^2:
+//   |C - E / s^2| <= u (55.1 C + 16.1 a'^2)   per candidate,
+// valid when sf6 > 0 (sf4 >= sf6; sf = 0 has r = 0, whose y say nothing) and the bytes differ (both
+// xi_max <= 9 then: no overflow; a'^2 >= 2^-14: no underflow that matters). So when
+// |C6 - C4| > tau = u (64 (C6 + C4) + 48 a'^2) (computed with a few roundings; the margins cover them)
 // its sign is the sign of E6 - E4; otherwise the block recomputes both sums exactly (rare: the
 // candidates' errors then agree to ~1e-5 of the block's range). tests/gpu/codec_check.cu check 6
 // compares the whole block result against codec::quantize_block_four_over_six.
 template <bool kBF16, bool kSaturate>
-__device__ __forceinline__ void encode8_four_over_six(const uint32_t* w, float r6, float w6, float r4, float w4,
-                                                      float g, uint32_t& packed6, uint32_t& packed4, float& e6,
-                                                      float& e4) {
+__device__ __forceinline__ void encode8_four_over_six(const uint32_t* w, float r6, float r4, uint32_t& packed6,
+                                                      uint32_t& packed4, float& e6, float& e4) {
   constexpr uint32_t kBias = codec::kCodeFloatZeroBits * 0x11111111u;
   uint32_t a6 = 0u - kBias, a4 = 0u - kBias;
 #pragma unroll
@@ -50,7 +52,8 @@ __device__ __forceinline__ void encode8_four_over_six(const uint32_t* w, float r
     widen2<kBF16>(w[i], x[0], x[1]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float u6 = fabsf(x[h] * r6), u4 = fabsf(x[h] * r4);
+      const float y6 = fabsf(x[h] * r6), y4 = fabsf(x[h] * r4);
+      float u6 = y6, u4 = y4;
       if constexpr (kSaturate) {
         u6 = fminf(u6, codec::kE2M1MaxValue);
         u4 = fminf(u4, codec::kE2M1MaxValue);
@@ -59,9 +62,8 @@ __device__ __forceinline__ void encode8_four_over_six(const uint32_t* w, float r
       const uint32_t f4 = __float_as_uint(codec::e2m1_code_float(u4));
       a6 += f6 << (8 * i + 4 * h);
       a4 += f4 << (8 * i + 4 * h);
-      const float scaled = __fmul_rn(fabsf(x[h]), g);
-      const float d6 = __fmaf_rn(__uint_as_float(f6 << 22), w6, -scaled);
-      const float d4 = __fmaf_rn(__uint_as_float(f4 << 22), w4, -scaled);
+      const float d6 = __fmaf_rn(__uint_as_float(f6 << 22), 0x1p126f, -y6);
+      const float d4 = __fmaf_rn(__uint_as_float(f4 << 22), 0x1p126f, -y4);
       e6 = __fmaf_rn(d6, d6, e6);
       e4 = __fmaf_rn(d4, d4, e4);
     }
@@ -76,12 +78,12 @@ __device__ __forceinline__ void encode8_four_over_six(const uint32_t* w, float r
 }
 
 template <bool kBF16, bool kSaturate>
-__device__ __forceinline__ void encode16_four_over_six(const uint32_t* w, float r6, float w6, float r4, float w4,
-                                                       float g, uint2& data6, uint2& data4, float& e6, float& e4) {
+__device__ __forceinline__ void encode16_four_over_six(const uint32_t* w, float r6, float r4, uint2& data6,
+                                                       uint2& data4, float& e6, float& e4) {
   e6 = 0.0f;
   e4 = 0.0f;
-  encode8_four_over_six<kBF16, kSaturate>(w, r6, w6, r4, w4, g, data6.x, data4.x, e6, e4);
-  encode8_four_over_six<kBF16, kSaturate>(w + 4, r6, w6, r4, w4, g, data6.y, data4.y, e6, e4);
+  encode8_four_over_six<kBF16, kSaturate>(w, r6, r4, data6.x, data4.x, e6, e4);
+  encode8_four_over_six<kBF16, kSaturate>(w + 4, r6, r4, data6.y, data4.y, e6, e4);
 }
 
 // The recipe's squared error of a block encoded as `data`: d = (e2m1(code) * float(sf)) * s - x, acc =
@@ -143,21 +145,14 @@ __device__ __forceinline__ uint8_t quantize_block_four_over_six_fast(const uint3
     m6 = scaled_scale_entry(b6);
     m4 = scaled_scale_entry(b4);
   }
-  // The estimates' scaling (see encode8_four_over_six): g = 2^-c, W = RN(sf s 2^64) 2^(62 - c), with
-  // m sf 2^-54 = sf s 2^64 (s 2^-54 exact for s >= 2^-72). The bit patterns are only meaningful for
-  // the a and s of `estimable`; the other blocks ignore the estimates.
-  const uint32_t exponent = __float_as_uint(absmax) >> 23;
-  const float g = __uint_as_float((254u - exponent) << 23);
-  const float lift = __uint_as_float((316u - exponent) << 23);
-  const float s_low = s * 0x1p-54f;
-  const float w6 = __fmul_rn(m6, s_low) * lift, w4 = __fmul_rn(m4, s_low) * lift;
   uint2 data6, data4;
   float e6, e4;
   // Rounding is monotone, so |x_j * r| <= RN(absmax * r); NaN compares false.
-  if (absmax * r6 < 7.0f && absmax * r4 < 7.0f) {
-    encode16_four_over_six<kBF16, false>(w, r6, w6, r4, w4, g, data6, data4, e6, e4);
+  const float top6 = absmax * r6;
+  if (top6 < 7.0f && absmax * r4 < 7.0f) {
+    encode16_four_over_six<kBF16, false>(w, r6, r4, data6, data4, e6, e4);
   } else {
-    encode16_four_over_six<kBF16, true>(w, r6, w6, r4, w4, g, data6, data4, e6, e4);
+    encode16_four_over_six<kBF16, true>(w, r6, r4, data6, data4, e6, e4);
   }
   if (codec::is_nan(absmax)) {
     data = make_uint2(0, 0);
@@ -165,10 +160,14 @@ __device__ __forceinline__ uint8_t quantize_block_four_over_six_fast(const uint3
   }
   bool four = false;  // equal bytes: equal candidates, a tie keeps sf6
   if (b4 != b6) {
-    const bool estimable = absmax >= 0x1p-40f && absmax <= 0x1p58f && s >= 0x1p-60f && s <= 0x1p60f;
+    const bool estimable = b6 != 0 && absmax >= 0x1p-40f && absmax <= 0x1p58f && s >= 0x1p-60f && s <= 0x1p60f;
     constexpr float u = 0x1p-24f;
-    const float tau = __fmaf_rn(__fadd_rn(e6, e4), 64.0f * u, 128.0f * u);
-    const float gap = __fsub_rn(e6, e4);
+    // sf = m 2^-118 exactly (a normal float: sf >= 2^-9), sf^2 exact (<= 8 significant bits).
+    const float sf6 = m6 * 0x1p-118f, sf4 = m4 * 0x1p-118f;
+    const float c6 = __fmul_rn(e6, __fmul_rn(sf6, sf6)), c4 = __fmul_rn(e4, __fmul_rn(sf4, sf4));
+    const float a_over_s = __fmul_rn(top6, sf6);
+    const float tau = __fmaf_rn(__fadd_rn(c6, c4), 64.0f * u, __fmul_rn(__fmul_rn(a_over_s, a_over_s), 48.0f * u));
+    const float gap = __fsub_rn(c6, c4);
     if (estimable && fabsf(gap) > tau) {
       four = gap > 0.0f;
     } else {
