@@ -256,9 +256,15 @@ __global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* ba
       reciprocal[b] = block_quantizer::reciprocal_entry(uint8_t(b), s);
       scaled[b] = block_quantizer::scaled_scale_entry(uint8_t(b));
     }
-    sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(
-        w, s, 6.0f * s, 4.0f * s, block_quantizer::division_inverse(6.0f * s),
-        block_quantizer::division_inverse(4.0f * s), reciprocal, scaled, data);
+    const float inverse6 = block_quantizer::division_inverse(6.0f * s);
+    const float inverse4 = block_quantizer::division_inverse(4.0f * s);
+    if (inverse6 != 0.0f && inverse4 != 0.0f) {  // the pair kernel's loop: no division fallback
+      sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, true, true>(w, s, 6.0f * s, 4.0f * s, inverse6,
+                                                                                 inverse4, reciprocal, scaled, data);
+    } else {
+      sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(w, s, 6.0f * s, 4.0f * s, inverse6,
+                                                                           inverse4, reciprocal, scaled, data);
+    }
   } else {
     sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(w, s, 6.0f * s, 4.0f * s, 0.0f, 0.0f,
                                                                           nullptr, nullptr, data);

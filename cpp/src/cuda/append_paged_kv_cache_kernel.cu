@@ -197,8 +197,11 @@ __device__ __forceinline__ Quantized<2 * kBlocks> quantize_item_staged(
   Quantized<kN> q;
   q.k_scale = global_scale(p, false);
   q.v_scale = global_scale(p, true);
+  // Global scales the loop does not handle (s >= 2^120, or a quotient that divides: 6 s or 4 s outside
+  // [2^-60, 2^60], or NVFP4KV_HOISTED_DIVISION=0) take the unrolled code, which handles every case.
   if (!block_quantizer::four_over_six_fast_scale(q.k_scale) ||
-      !block_quantizer::four_over_six_fast_scale(q.v_scale)) {
+      !block_quantizer::four_over_six_fast_scale(q.v_scale) || inverses[0] == 0.0f || inverses[1] == 0.0f ||
+      inverses[2] == 0.0f || inverses[3] == 0.0f) {
     return quantize_item<kBF16, kBlocks, false, true, true>({q.k_scale, q.v_scale}, it, w, reciprocal, inverses,
                                                              scaled);
   }
@@ -214,7 +217,7 @@ __device__ __forceinline__ Quantized<2 * kBlocks> quantize_item_staged(
     const bool value = i >= kBlocks;
     const float s = value ? q.v_scale : q.k_scale;
     uint2 data;
-    staged_sf[i * kThreads + t] = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(
+    staged_sf[i * kThreads + t] = block_quantizer::quantize_block_four_over_six_fast<kBF16, true, true>(
         block, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, inverses[value], inverses[2 + value],
         reciprocal[value], scaled, data);
     staged_data[i * kThreads + t] = data;

@@ -124,11 +124,16 @@ __device__ __forceinline__ float division_inverse(float six_s) {
   return six_s >= 0x1p-60f && six_s <= 0x1p60f ? __frcp_rn(six_s) : 0.0f;
 }
 
-__device__ __forceinline__ float scale_quotient(float absmax, float six_s, float inverse) {
-  if (inverse == 0.0f) return __fdiv_rn(absmax, six_s);
+// The quotient with an inverse known to be division_inverse's nonzero result (no division fallback).
+__device__ __forceinline__ float scale_quotient_hoisted(float absmax, float six_s, float inverse) {
   const float q0 = __fmul_rn(absmax, inverse);
   const float residual = __fmaf_rn(-six_s, q0, absmax);
   return fminf(__fmaf_rn(residual, inverse, q0), 512.0f);
+}
+
+__device__ __forceinline__ float scale_quotient(float absmax, float six_s, float inverse) {
+  if (inverse == 0.0f) return __fdiv_rn(absmax, six_s);
+  return scale_quotient_hoisted(absmax, six_s, inverse);
 }
 
 struct Scale {

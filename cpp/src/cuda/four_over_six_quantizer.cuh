@@ -123,16 +123,20 @@ __device__ __forceinline__ bool four_over_six_fast_scale(float s) { return s * k
 
 // One block of the 4-over-6 recipe: s, six_s = 6 s, four_s = 4 s; with kTable the block's reciprocal
 // table (1 / (sf s) or 0 by byte), scaled-scale table (m by byte) and inverse6 / inverse4 =
-// division_inverse(six_s) / division_inverse(four_s) (0: divide); without, all computed here.
-template <bool kBF16, bool kTable>
+// division_inverse(six_s) / division_inverse(four_s) (0: divide; kInverses: never 0, the caller checked);
+// without, all computed here.
+template <bool kBF16, bool kTable, bool kInverses = false>
 __device__ __forceinline__ uint8_t quantize_block_four_over_six_fast(const uint32_t* w, float s, float six_s,
                                                                      float four_s, float inverse6, float inverse4,
                                                                      const float* reciprocal, const float* scaled,
                                                                      uint2& data) {
   const float s_up = s * kSfUp;  // finite: the caller checked four_over_six_fast_scale(s)
   const float absmax = block_abs_max<kBF16>(w);
-  const uint8_t b6 = scale_byte(scale_quotient(absmax, six_s, kTable ? inverse6 : 0.0f));
-  const uint8_t b4 = scale_byte(scale_quotient(absmax, four_s, kTable ? inverse4 : 0.0f));
+  static_assert(kTable || !kInverses, "the inverses come with the tables");
+  const uint8_t b6 = scale_byte(kInverses ? scale_quotient_hoisted(absmax, six_s, inverse6)
+                                          : scale_quotient(absmax, six_s, kTable ? inverse6 : 0.0f));
+  const uint8_t b4 = scale_byte(kInverses ? scale_quotient_hoisted(absmax, four_s, inverse4)
+                                          : scale_quotient(absmax, four_s, kTable ? inverse4 : 0.0f));
   float r6, r4, m6, m4;
   if constexpr (kTable) {
     r6 = reciprocal[b6];
