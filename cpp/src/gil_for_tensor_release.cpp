@@ -20,10 +20,9 @@ struct PythonApi {
     this_thread_state = reinterpret_cast<void* (*)()>(dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState"));
     gil_ensure = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "PyGILState_Ensure"));
     gil_release = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "PyGILState_Release"));
+    available = is_initialized && gil_check && this_thread_state && gil_ensure && gil_release;
   }
-  bool available() const {
-    return is_initialized && gil_check && this_thread_state && gil_ensure && gil_release;
-  }
+  bool available = false;  // every function above was found
 };
 
 const PythonApi& python_api() {
@@ -35,7 +34,7 @@ const PythonApi& python_api() {
 
 GilForTensorRelease::GilForTensorRelease() {
   const PythonApi& api = python_api();
-  if (!api.available() || !api.is_initialized() || api.gil_check() || !api.this_thread_state()) return;
+  if (!api.available || !api.is_initialized() || api.gil_check() || !api.this_thread_state()) return;
   state_ = api.gil_ensure();
   acquired_ = true;
 }
