@@ -6,8 +6,8 @@
 
 namespace nvfp4kv {
 
-// Makes each 32- or 64-bit value (pointer, offset, float) be computed where this is called instead of being sunk
-// by the compiler to its first use: an empty volatile asm reads and rewrites each one. Used to get
+// Makes each 32- or 64-bit value (pointer, offset, float) be computed where this is called instead of
+// being sunk by the compiler to its first use: an empty volatile asm reads and rewrites each one. Used to get
 // address arithmetic done before a wait (the programmatic wait, a load in flight) rather than after.
 template <typename T>
 __device__ __forceinline__ void compute_here_one(T& value) {
