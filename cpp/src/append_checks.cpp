@@ -4,6 +4,8 @@
 #include <initializer_list>
 #include <utility>
 
+#include "memory_overlap.h"
+
 namespace nvfp4kv {
 namespace {
 
@@ -105,7 +107,7 @@ CacheView check_cache(const char* op, const CacheTensor& t, ScalarType dtype, bo
          dtype == ScalarType::Byte ? "head_dim/2]" : "head_dim/16]", " = ", want.str(), " for kv_layout ",
          nhd ? "NHD" : "HND", ", got ", sizes_string(t.sizes));
   }
-  if (t.strides[3] != 1) {
+  if (t.sizes[3] != 1 && t.strides[3] != 1) {
     fail(op, name, " must be contiguous in its last dim (stride 1), got stride ", t.strides[3]);
   }
   if (t.sizes[entry_dim] < 1) {
@@ -202,8 +204,87 @@ void check_trtllm_scales(const char* op, const std::array<CacheTensor, 2>& scale
   }
 }
 
+StridedBytes strided_bytes(const CacheTensor& t) {
+  StridedBytes b;
+  b.address = reinterpret_cast<uintptr_t>(t.data);
+  b.dims = 4;
+  for (int d = 0; d < 4; ++d) {
+    b.sizes[d] = t.sizes[d];
+    b.strides[d] = t.strides[d];
+  }
+  return b;
+}
+
+StridedBytes strided_bytes(const TensorInfo& t) {
+  StridedBytes b;
+  b.address = reinterpret_cast<uintptr_t>(t.data_ptr());
+  b.dims = int(t.dim());
+  for (int d = 0; d < b.dims; ++d) {
+    b.sizes[d] = t.size(d);
+    b.strides[d] = t.stride(d);
+  }
+  b.itemsize = element_size(t.scalar_type());
+  return b;
+}
+
+// The four tensors an append writes: K data, V data, K scales, V scales.
+using WrittenCaches = std::array<CacheTensor, 4>;
+
+// Written tensors must not overlap themselves or each other: overlapping writes lose rows (K == V
+// keeps only the V half of every row). K and V of one kind may share a storage when they are two
+// disjoint halves of one geometry (a stacked cache's halves, two halves of one pool); any other
+// overlapping byte ranges are refused.
+void check_written_disjoint(const char* op, const WrittenCaches& written, bool stacked) {
+  for (const CacheTensor& t : written) {
+    if (!touches_each_byte_once(strided_bytes(t))) {
+      fail(op, t.name, " must not overlap itself (no stride-0 or expanded dims), got shape ", sizes_string(t.sizes),
+           " and strides ", sizes_string(t.strides));
+    }
+  }
+  for (int kind = 0; kind < 4; kind += 2) {
+    const CacheTensor& k = written[kind];
+    const CacheTensor& v = written[kind + 1];
+    const StridedBytes kb = strided_bytes(k), vb = strided_bytes(v);
+    const ByteRange kr = byte_range(kb), vr = byte_range(vb);
+    if (kr.overlaps(vr) && !disjoint_same_geometry(kb, vb)) {
+      if (stacked) {
+        fail(op, k.name, " must hold K and V in separate memory (dim 1 must not be expanded), got a dim-1 stride of ",
+             vb.address - kb.address, " bytes");
+      }
+      fail(op, v.name, " must not overlap ", k.name, " in memory, got ", kr.overlap_bytes(vr), " overlapping bytes");
+    }
+  }
+  for (int data = 0; data < 2; ++data) {
+    for (int scales = 2; scales < 4; ++scales) {
+      const ByteRange dr = byte_range(strided_bytes(written[data]));
+      const ByteRange sr = byte_range(strided_bytes(written[scales]));
+      if (dr.overlaps(sr)) {
+        fail(op, written[scales].name, " must not overlap ", written[data].name, " in memory, got ",
+             dr.overlap_bytes(sr), " overlapping bytes");
+      }
+    }
+  }
+}
+
+// A tensor the op reads must not overlap what it writes.
+void check_read_disjoint(const char* op, const WrittenCaches& written,
+                         std::initializer_list<std::pair<const TensorInfo*, const char*>> reads) {
+  std::array<ByteRange, 4> ranges;
+  for (size_t i = 0; i < written.size(); ++i) ranges[i] = byte_range(strided_bytes(written[i]));
+  for (const auto& [tensor, name] : reads) {
+    if (tensor == nullptr) continue;
+    const ByteRange read = byte_range(strided_bytes(*tensor));
+    for (size_t i = 0; i < written.size(); ++i) {
+      if (read.overlaps(ranges[i])) {
+        fail(op, name, " must not overlap ", written[i].name, " in memory (the op writes there), got ",
+             read.overlap_bytes(ranges[i]), " overlapping bytes");
+      }
+    }
+  }
+}
+
 // Caches: tuple (K, V) or one stacked 5-D tensor; data uint8 [.., head_dim/2], scales e4m3 [.., head_dim/16].
-void check_caches(const char* op, const CacheArguments& caches, bool nhd, AppendParams& p) {
+WrittenCaches check_caches(const char* op, const CacheArguments& caches, bool nhd, AppendParams& p) {
   const auto data = split_cache(op, caches.k_cache, caches.v_cache, kDataCacheName, ScalarType::Byte);
   const auto scales = split_cache(op, caches.k_cache_sf, caches.v_cache_sf, kScaleCacheName, ScalarType::Float8_e4m3fn);
   p.k_data = check_cache(op, data[0], ScalarType::Byte, nhd, p.num_heads, p.head_dim / 2, nullptr);
@@ -214,6 +295,9 @@ void check_caches(const char* op, const CacheArguments& caches, bool nhd, Append
   p.page_size = reference.sizes[nhd ? 1 : 2];
   p.num_pages = reference.sizes[0];
   if (p.v_scales_trtllm) check_trtllm_scales(op, scales, nhd, p);
+  const WrittenCaches written{data[0], data[1], scales[0], scales[1]};
+  check_written_disjoint(op, written, !caches.v_cache.has_value());
+  return written;
 }
 
 // A float scale is validated here; a [1] float32 tensor on the inputs' device is read by the kernel.
@@ -292,8 +376,14 @@ AppendParams check_append_arguments(const AppendArguments& args) {
          " entries (batch_size = kv_last_page_len.shape[0]), got ", args.kv_indptr.size(0));
   }
 
-  check_caches(op, args.caches, nhd, p);
+  const WrittenCaches written = check_caches(op, args.caches, nhd, p);
   check_scales(op, args.options, args.append_key, p);
+  check_read_disjoint(op, written,
+                      {{&args.append_key, "append_key"}, {&args.append_value, "append_value"},
+                       {&args.batch_indices, "batch_indices"}, {&args.positions, "positions"},
+                       {&args.kv_indices, "kv_indices"}, {&args.kv_indptr, "kv_indptr"},
+                       {&args.kv_last_page_len, "kv_last_page_len"}, {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
+                       {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
   return p;
 }
 
@@ -313,8 +403,12 @@ AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappin
          args.slot_mapping.size(0));
   }
   p.nnz = args.slot_mapping.size(0);  // only the first slot_mapping.shape[0] rows are appended
-  check_caches(op, args.caches, nhd, p);
+  const WrittenCaches written = check_caches(op, args.caches, nhd, p);
   check_scales(op, args.options, args.append_key, p);
+  check_read_disjoint(op, written,
+                      {{&args.append_key, "append_key"}, {&args.append_value, "append_value"},
+                       {&args.slot_mapping, "slot_mapping"}, {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
+                       {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
   return p;
 }
 

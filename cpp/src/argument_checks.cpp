@@ -7,8 +7,9 @@
 namespace nvfp4kv {
 namespace {
 
-// The shim's codes of the dtypes the ops take, looked up once; any other dtype goes through torch's
-// conversion (a chain of shim calls, only met on the way to an error).
+// The shim's codes of the dtypes the ops take, looked up once. Any other dtype is only ever named in
+// an error: its shim code is its c10 ScalarType value (torch's shim defines each code that way), read
+// directly because torch's conversion refuses dtypes the stable ABI does not list (bits8, uint1, ...).
 ScalarType to_scalar_type(int32_t code) {
   static const std::array<std::pair<int32_t, ScalarType>, 7> common{{
       {aoti_torch_dtype_uint8(), ScalarType::Byte},
@@ -22,7 +23,7 @@ ScalarType to_scalar_type(int32_t code) {
   for (const auto& [shim_code, type] : common) {
     if (shim_code == code) return type;
   }
-  return torch::stable::detail::to<ScalarType>(torch::stable::detail::from(code));
+  return static_cast<ScalarType>(code);
 }
 
 }  // namespace
@@ -70,6 +71,7 @@ std::string TensorInfo::device_string() const {
 }
 
 std::string dtype_name(ScalarType type) {
+  // torch's Python names (str(torch.dtype) without "torch."), so eager and fake messages agree.
   switch (type) {
     case ScalarType::Byte: return "uint8";
     case ScalarType::Char: return "int8";
@@ -77,17 +79,62 @@ std::string dtype_name(ScalarType type) {
     case ScalarType::Int: return "int32";
     case ScalarType::Long: return "int64";
     case ScalarType::Half: return "float16";
-    case ScalarType::BFloat16: return "bfloat16";
     case ScalarType::Float: return "float32";
     case ScalarType::Double: return "float64";
+    case ScalarType::ComplexHalf: return "complex32";
+    case ScalarType::ComplexFloat: return "complex64";
+    case ScalarType::ComplexDouble: return "complex128";
     case ScalarType::Bool: return "bool";
-    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::QInt8: return "qint8";
+    case ScalarType::QUInt8: return "quint8";
+    case ScalarType::QInt32: return "qint32";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::QUInt4x2: return "quint4x2";
+    case ScalarType::QUInt2x4: return "quint2x4";
+    case ScalarType::Bits1x8: return "bits1x8";
+    case ScalarType::Bits2x4: return "bits2x4";
+    case ScalarType::Bits4x2: return "bits4x2";
+    case ScalarType::Bits8: return "bits8";
+    case ScalarType::Bits16: return "bits16";
     case ScalarType::Float8_e5m2: return "float8_e5m2";
-    default: return "scalar type #" + std::to_string(int(type));
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
+    case ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
+    case ScalarType::UInt16: return "uint16";
+    case ScalarType::UInt32: return "uint32";
+    case ScalarType::UInt64: return "uint64";
+    case ScalarType::UInt1: return "uint1";
+    case ScalarType::UInt2: return "uint2";
+    case ScalarType::UInt3: return "uint3";
+    case ScalarType::UInt4: return "uint4";
+    case ScalarType::UInt5: return "uint5";
+    case ScalarType::UInt6: return "uint6";
+    case ScalarType::UInt7: return "uint7";
+    case ScalarType::Int1: return "int1";
+    case ScalarType::Int2: return "int2";
+    case ScalarType::Int3: return "int3";
+    case ScalarType::Int4: return "int4";
+    case ScalarType::Int5: return "int5";
+    case ScalarType::Int6: return "int6";
+    case ScalarType::Int7: return "int7";
+    case ScalarType::Float8_e8m0fnu: return "float8_e8m0fnu";
+    case ScalarType::Float4_e2m1fn_x2: return "float4_e2m1fn_x2";
+    default: return "an unknown dtype (scalar type code " + std::to_string(int(type)) + ")";
   }
 }
 
 bool is_index_dtype(ScalarType type) { return type == ScalarType::Int || type == ScalarType::Long; }
+
+int64_t element_size(ScalarType type) {
+  switch (type) {
+    case ScalarType::Half:
+    case ScalarType::BFloat16: return 2;
+    case ScalarType::Int:
+    case ScalarType::Float: return 4;
+    case ScalarType::Long: return 8;
+    default: return 1;
+  }
+}
 
 float checked_global_scale(const char* op, const char* name, double scale) {
   const float value = static_cast<float>(scale);

@@ -1,7 +1,7 @@
 // Host-side argument checks shared by the ops. Every failure throws std::invalid_argument (ValueError
-// in Python) with a
-// message naming the argument, what was expected and what was given; python/nvfp4kv/fake.py
-// mirrors these checks word for word so that eager, fake and meta calls fail alike.
+// in Python) with a message naming the argument, what was expected and what was given;
+// python/nvfp4kv/fake.py mirrors these checks word for word so that eager, fake and meta calls fail
+// alike.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
@@ -33,7 +33,9 @@ class TensorInfo {
 
   int64_t dim() const { return dim_; }
   int64_t size(int64_t d) const { return sizes_[checked_dim(d)]; }
-  int64_t stride(int64_t d) const { return strides_[checked_dim(d)]; }
+  // The stride of a dim of size 1 never moves an address, so it reads as 0: no check and no
+  // alignment test depends on it (torch leaves such strides arbitrary).
+  int64_t stride(int64_t d) const { return sizes_[checked_dim(d)] == 1 ? 0 : strides_[d]; }
   int64_t numel() const;
   ScalarType scalar_type() const { return dtype_; }
   void* data_ptr() const { return data_; }
@@ -60,8 +62,9 @@ class TensorInfo {
   void* data_;
 };
 
-std::string dtype_name(ScalarType type);  // "float16", "uint8", ... as torch prints them
+std::string dtype_name(ScalarType type);  // "float16", "uint8", ... as torch prints them, for every dtype
 bool is_index_dtype(ScalarType type);
+int64_t element_size(ScalarType type);  // bytes; only for the dtypes the ops accept
 
 // A positive finite global scale as the fp32 the kernels use (the double is rounded first).
 float checked_global_scale(const char* op, const char* name, double scale);

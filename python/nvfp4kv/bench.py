@@ -393,8 +393,9 @@ def host_overhead(rounds: int, calls: int) -> Dict[str, float]:
     shorter than the host work; against one Tensor.index_copy_ of the same bytes."""
     key = torch.randn(1, 1, 16, device="cuda", dtype=DTYPE)
     value = torch.randn_like(key)
-    cache = (torch.zeros(4, PAGE_SIZE, 1, 8, dtype=torch.uint8, device="cuda"),) * 2
-    sf = (torch.zeros(4, PAGE_SIZE, 1, 1, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn),) * 2
+    cache = tuple(torch.zeros(4, PAGE_SIZE, 1, 8, dtype=torch.uint8, device="cuda") for _ in range(2))
+    sf = tuple(torch.zeros(4, PAGE_SIZE, 1, 1, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+               for _ in range(2))
     idx = lambda *v: torch.tensor(v, dtype=torch.int32, device="cuda")  # noqa: E731
     batch, pos, indices, indptr, last = idx(0), idx(3), idx(2), idx(0, 1), idx(4)
     target = torch.zeros(64, 16, device="cuda", dtype=DTYPE)

@@ -2,14 +2,17 @@
 
 Enable with nvfp4kv.set_debug_checks(True) or NVFP4KV_DEBUG=1. Each append then copies its index
 tensors and tensor scales to the host, checks every row, and raises ValueError naming the first bad
-row and why, before the kernel runs. That synchronises, so it refuses to run inside CUDA graph
-capture. Without debug mode, bad rows are skipped silently (the bounds contract in README.md).
+row and why, before the kernel runs: a row the kernels would skip (bad batch index, position, page
+slot, page id or slot), a tensor scale that is not positive and finite, or two rows of the call that
+target the same cache slot (whose bytes would then be unspecified). That synchronises, so it refuses
+to run inside CUDA graph capture. Under torch.compile the same checks run as an op of their own at
+run time. Without debug mode, bad rows are skipped silently (the bounds contract in README.md).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -27,6 +30,10 @@ def set_debug_checks(enabled: bool) -> None:
 
 def enabled() -> bool:
     return ENABLED
+
+
+_APPEND = "append_paged_kv_cache"
+_APPEND_WITH_SLOT_MAPPING = "append_paged_kv_cache_with_slot_mapping"
 
 
 def _refuse_during_capture(op: str) -> None:
@@ -50,7 +57,7 @@ def _check_scale_tensors(op: str, k_scale_tensor: Optional[torch.Tensor], v_scal
                       "skipped")
 
 
-def _page_geometry(k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], kv_layout: str):
+def page_geometry(k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], kv_layout: str) -> Tuple[int, int]:
     """(max_num_pages, page_size) of a tuple half or a stacked cache."""
     entry_dim = 1 if kv_layout == "NHD" else 2
     if v_cache is None:
@@ -58,22 +65,33 @@ def _page_geometry(k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], kv_la
     return k_cache.shape[0], k_cache.shape[entry_dim]
 
 
-def check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
-                 kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout, k_scale_tensor=None,
-                 v_scale_tensor=None, v_sf_layout="linear", scale_search="none") -> None:
-    op = "append_paged_kv_cache"
-    fake.check_append_arguments(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
-                                v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout,
-                                k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
+class _Targets:
+    """The (page, entry) slots the rows of one call write; the second row to name a slot fails."""
+
+    def __init__(self, op: str):
+        self.op = op
+        self.first_row: Dict[Tuple[int, int], int] = {}
+
+    def add(self, row: int, page: int, entry: int) -> None:
+        earlier = self.first_row.setdefault((page, entry), row)
+        if earlier != row:
+            _fail(self.op, f"rows {earlier} and {row} both target page {page}, entry {entry}; the slot's bytes would "
+                           "be unspecified (a mix of both rows)")
+
+
+def check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_scale_tensor,
+                     v_scale_tensor, num_pages: int, page_size: int) -> None:
+    """Every row of a page-table append, as the kernels would resolve it (append_params.h)."""
+    op = _APPEND
     _refuse_during_capture(op)
     _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
-    num_pages, page_size = _page_geometry(k_cache, v_cache, kv_layout)
     batch = batch_indices.cpu().tolist()
     pos = positions.cpu().tolist()
     indices = kv_indices.cpu().tolist()
     indptr = kv_indptr.cpu().tolist()
     last_len = kv_last_page_len.cpu().tolist()
     batch_size = len(last_len)
+    targets = _Targets(op)
     for row, (b, p) in enumerate(zip(batch, pos)):
         if not 0 <= b < batch_size:
             _fail(op, f"row {row}: batch index {b} is outside [0, {batch_size})")
@@ -93,19 +111,65 @@ def check_append(append_key, append_value, batch_indices, positions, k_cache, v_
         page = indices[slot]
         if not 0 <= page < num_pages:
             _fail(op, f"row {row}: kv_indices[{slot}] = {page} is outside the cache's pages [0, {num_pages})")
+        targets.add(row, page, p % page_size)
+
+
+def check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages: int, page_size: int) -> None:
+    op = _APPEND_WITH_SLOT_MAPPING
+    _refuse_during_capture(op)
+    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
+    targets = _Targets(op)
+    for row, slot in enumerate(slot_mapping.cpu().tolist()):
+        if slot >= num_pages * page_size:
+            _fail(op, f"row {row}: slot {slot} is beyond the cache (max_num_pages * page_size = "
+                      f"{num_pages * page_size}); negative slots are padding")
+        if slot >= 0:
+            targets.add(row, slot // page_size, slot % page_size)
+
+
+def check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
+                 kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout, k_scale_tensor=None,
+                 v_scale_tensor=None, v_sf_layout="linear", scale_search="none") -> None:
+    fake.check_append_arguments(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
+                                v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout,
+                                k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
+    check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_scale_tensor,
+                     v_scale_tensor, *page_geometry(k_cache, v_cache, kv_layout))
 
 
 def check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf,
                                    v_cache_sf, k_scale, v_scale, kv_layout, k_scale_tensor=None,
                                    v_scale_tensor=None, v_sf_layout="linear", scale_search="none") -> None:
-    op = "append_paged_kv_cache_with_slot_mapping"
     fake.check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping, k_cache, v_cache,
                                                   k_cache_sf, v_cache_sf, k_scale, v_scale, kv_layout,
                                                   k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
-    _refuse_during_capture(op)
-    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
-    num_pages, page_size = _page_geometry(k_cache, v_cache, kv_layout)
-    for row, slot in enumerate(slot_mapping.cpu().tolist()):
-        if slot >= num_pages * page_size:
-            _fail(op, f"row {row}: slot {slot} is beyond the cache (max_num_pages * page_size = "
-                      f"{num_pages * page_size}); negative slots are padding")
+    check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, *page_geometry(k_cache, v_cache, kv_layout))
+
+
+# Under torch.compile the checks are ops of their own, run with the real tensors. Each returns a copy
+# of an index tensor that the append then reads, so the compiler keeps it and runs it first (an op
+# without outputs would be dropped as dead code).
+@torch.library.custom_op("nvfp4kv::debug_checked_batch_indices", mutates_args=())
+def checked_batch_indices(batch_indices: torch.Tensor, positions: torch.Tensor, kv_indices: torch.Tensor,
+                          kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, k_scale_tensor: Optional[torch.Tensor],
+                          v_scale_tensor: Optional[torch.Tensor], num_pages: int, page_size: int) -> torch.Tensor:
+    check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_scale_tensor,
+                     v_scale_tensor, num_pages, page_size)
+    return batch_indices.clone()
+
+
+@checked_batch_indices.register_fake
+def _(batch_indices, *args):
+    return torch.empty_like(batch_indices)
+
+
+@torch.library.custom_op("nvfp4kv::debug_checked_slot_mapping", mutates_args=())
+def checked_slot_mapping(slot_mapping: torch.Tensor, k_scale_tensor: Optional[torch.Tensor],
+                         v_scale_tensor: Optional[torch.Tensor], num_pages: int, page_size: int) -> torch.Tensor:
+    check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages, page_size)
+    return slot_mapping.clone()
+
+
+@checked_slot_mapping.register_fake
+def _(slot_mapping, *args):
+    return torch.empty_like(slot_mapping)

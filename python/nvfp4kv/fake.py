@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -50,6 +50,11 @@ def _global_scale(check: _Checker, name: str, scale: float) -> None:
         check.fail(f"{name} must be a positive finite float32 value, got {scale:g}")
 
 
+def _strides(t: torch.Tensor) -> List[int]:
+    """t's strides with those of size-1 dims read as 0, as the C++ TensorInfo reads them."""
+    return [0 if size == 1 else stride for size, stride in zip(t.shape, t.stride())]
+
+
 def _check_index(check: _Checker, t: torch.Tensor, name: str) -> None:
     if t.dtype not in _INDEX_DTYPES:
         check.fail(f"{name} must have dtype int32 or int64, got {_dtype(t.dtype)}")
@@ -57,8 +62,14 @@ def _check_index(check: _Checker, t: torch.Tensor, name: str) -> None:
         check.fail(f"{name} must be a 1-D tensor, got shape {_shape(t.shape)}")
 
 
-# A 4-D cache tensor as the user named it, as (name, sizes, last-dim stride).
-_Cache4 = Tuple[str, List[int], int]
+class _Cache4(NamedTuple):
+    """A 4-D cache tensor as the user named it (a stacked cache's K or V half: its 5-D tensor, the
+    half's byte offset inside it, and dim 1 dropped)."""
+    name: str
+    sizes: List[int]
+    strides: List[int]
+    tensor: torch.Tensor
+    byte_offset: int
 
 
 def _split_cache(check: _Checker, first: torch.Tensor, second: Optional[torch.Tensor], name: str,
@@ -75,20 +86,22 @@ def _split_cache(check: _Checker, first: torch.Tensor, second: Optional[torch.Te
         if not stacked and part.dim() != 4:
             check.fail(f"{part_name} must be a 4-D tensor, got shape {_shape(part.shape)}")
     if not stacked:
-        return ((f"{name}[0]", list(first.shape), first.stride(3)),
-                (f"{name}[1]", list(second.shape), second.stride(3)))
+        return (_Cache4(f"{name}[0]", list(first.shape), _strides(first), first, 0),
+                _Cache4(f"{name}[1]", list(second.shape), _strides(second), second, 0))
     sizes = [first.shape[0], first.shape[2], first.shape[3], first.shape[4]]
-    return (name, sizes, first.stride(4)), (name, list(sizes), first.stride(4))
+    strides = [_strides(first)[d] for d in (0, 2, 3, 4)]
+    return (_Cache4(name, sizes, strides, first, 0),
+            _Cache4(name, list(sizes), list(strides), first, first.stride(1) * first.element_size()))
 
 
 def _check_cache(check: _Checker, cache: _Cache4, dtype: torch.dtype, nhd: bool, num_heads: int, width: int,
                  reference: Optional[_Cache4]) -> None:
-    name, sizes, last_stride = cache
+    name, sizes, strides = cache.name, cache.sizes, cache.strides
     entry_dim, head_dim = (1, 2) if nhd else (2, 1)
     expected: List[Optional[int]] = [None, None, None, width]
     if reference is not None:
-        expected[0] = reference[1][0]
-        expected[entry_dim] = reference[1][entry_dim]
+        expected[0] = reference.sizes[0]
+        expected[entry_dim] = reference.sizes[entry_dim]
     expected[head_dim] = num_heads
     if any(e is not None and s != e for s, e in zip(sizes, expected)):
         layout = "[max_num_pages, page_size, num_kv_heads, " if nhd else "[max_num_pages, num_kv_heads, page_size, "
@@ -96,8 +109,8 @@ def _check_cache(check: _Checker, cache: _Cache4, dtype: torch.dtype, nhd: bool,
         want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
         check.fail(f"{name} must have shape {layout}{width_name} = {want} for kv_layout "
                    f"{'NHD' if nhd else 'HND'}, got {_shape(sizes)}")
-    if last_stride != 1:
-        check.fail(f"{name} must be contiguous in its last dim (stride 1), got stride {last_stride}")
+    if sizes[3] != 1 and strides[3] != 1:
+        check.fail(f"{name} must be contiguous in its last dim (stride 1), got stride {strides[3]}")
     if sizes[entry_dim] < 1:
         check.fail(f"{name} must have page_size >= 1, got shape {_shape(sizes)}")
 
@@ -144,7 +157,7 @@ def _check_devices(check: _Checker, append_key, named) -> None:
 
 
 def _check_caches(check: _Checker, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim,
-                  trtllm) -> None:
+                  trtllm) -> List[_Cache4]:
     data = _split_cache(check, k_cache, v_cache, "paged_kv_cache", torch.uint8)
     scales = _split_cache(check, k_cache_sf, v_cache_sf, "kv_cache_sf", torch.float8_e4m3fn)
     _check_cache(check, data[0], torch.uint8, nhd, num_heads, head_dim // 2, None)
@@ -152,30 +165,124 @@ def _check_caches(check: _Checker, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd
     _check_cache(check, scales[0], torch.float8_e4m3fn, nhd, num_heads, head_dim // 16, data[0])
     _check_cache(check, scales[1], torch.float8_e4m3fn, nhd, num_heads, head_dim // 16, data[0])
     if trtllm:
-        _check_trtllm_scales(check, k_cache_sf, v_cache_sf, scales[1][0], nhd, data[0][1][1 if nhd else 2], head_dim)
+        _check_trtllm_scales(check, scales, nhd, data[0].sizes[1 if nhd else 2], head_dim)
+    written = [data[0], data[1], scales[0], scales[1]]
+    _check_written_disjoint(check, written, v_cache is None)
+    return written
 
 
-def _check_trtllm_scales(check: _Checker, k_cache_sf, v_cache_sf, v_name, nhd, page_size, head_dim) -> None:
+def _check_trtllm_scales(check: _Checker, scales, nhd, page_size, head_dim) -> None:
     if page_size % 4 != 0:
         check.fail(f'v_sf_layout "trtllm" needs page_size % 4 == 0, got page_size {page_size}')
     if head_dim % 64 != 0:
         check.fail(f'v_sf_layout "trtllm" needs head_dim % 64 == 0, got head_dim {head_dim}')
-    if v_cache_sf is None:  # halves of one stacked tensor: strides without dim 1
-        strides = [k_cache_sf.stride(d) for d in (0, 2, 3, 4)]
-        k_strides = strides
-    else:
-        strides, k_strides = list(v_cache_sf.stride()), list(k_cache_sf.stride())
-    if strides != k_strides:
-        check.fail(f'{v_name} must have the same strides as the K scales for v_sf_layout "trtllm", got '
-                   f"{_shape(strides)} and {_shape(k_strides)}")
+    k, v = scales
+    if v.strides != k.strides:
+        check.fail(f'{v.name} must have the same strides as the K scales for v_sf_layout "trtllm", got '
+                   f"{_shape(v.strides)} and {_shape(k.strides)}")
     blocks = head_dim // 16
-    entry_stride, head_stride = (strides[1], strides[2]) if nhd else (strides[2], strides[1])
+    entry_stride, head_stride = (v.strides[1], v.strides[2]) if nhd else (v.strides[2], v.strides[1])
     if not nhd and entry_stride != blocks:
-        check.fail(f"{v_name} must have contiguous [page_size, head_dim/16] tiles (entry stride {blocks}) for "
+        check.fail(f"{v.name} must have contiguous [page_size, head_dim/16] tiles (entry stride {blocks}) for "
                    f'v_sf_layout "trtllm" and kv_layout HND, got entry stride {entry_stride}')
-    if strides[0] % 16 != 0 or (not nhd and head_stride % 16 != 0):
-        check.fail(f"{v_name} must have page{'' if nhd else ' and head'} strides that are multiples of 16 bytes "
-                   f'for v_sf_layout "trtllm", got strides {_shape(strides)}')
+    if v.strides[0] % 16 != 0 or (not nhd and head_stride % 16 != 0):
+        check.fail(f"{v.name} must have page{'' if nhd else ' and head'} strides that are multiples of 16 bytes "
+                   f'for v_sf_layout "trtllm", got strides {_shape(v.strides)}')
+
+
+# Aliasing: the C++ compares address ranges (cpp/src/memory_overlap.h); here the same ranges are byte
+# offsets into a shared storage, compared only for tensors that share one.
+def _byte_range(storage_offset: int, sizes, strides, itemsize: int) -> Tuple[int, int]:
+    if any(size == 0 for size in sizes):
+        return storage_offset, storage_offset
+    last = sum((size - 1) * stride for size, stride in zip(sizes, strides))
+    return storage_offset, storage_offset + (last + 1) * itemsize
+
+
+def _cache_range(c: _Cache4) -> Tuple[int, int]:
+    return _byte_range(c.tensor.storage_offset() * c.tensor.element_size() + c.byte_offset, c.sizes, c.strides, 1)
+
+
+def _overlap(a: Tuple[int, int], b: Tuple[int, int]) -> bool:
+    return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
+
+
+def _overlap_bytes(a: Tuple[int, int], b: Tuple[int, int]) -> int:
+    return min(a[1], b[1]) - max(a[0], b[0])
+
+
+def _touches_each_byte_once(sizes, strides) -> bool:
+    if any(size == 0 for size in sizes):
+        return True
+    span = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(sizes, strides) if sz > 1):
+        if stride < span:
+            return False
+        span += stride * (size - 1)
+    return True
+
+
+def _disjoint_same_geometry(a: _Cache4, b: _Cache4) -> bool:
+    if a.sizes != b.sizes or any(size > 1 and sa != sb for size, sa, sb in zip(a.sizes, a.strides, b.strides)):
+        return False
+    delta = abs(_cache_range(b)[0] - _cache_range(a)[0])
+    return delta != 0 and _touches_each_byte_once(a.sizes + [2], a.strides + [delta])
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch._C._is_alias_of(a, b)
+
+
+def _check_written_disjoint(check: _Checker, written: List[_Cache4], stacked: bool) -> None:
+    for t in written:
+        if not _touches_each_byte_once(t.sizes, t.strides):
+            check.fail(f"{t.name} must not overlap itself (no stride-0 or expanded dims), got shape {_shape(t.sizes)} "
+                       f"and strides {_shape(t.strides)}")
+    for k, v in (written[0:2], written[2:4]):
+        if _same_storage(k.tensor, v.tensor) and _overlap(_cache_range(k), _cache_range(v)) and \
+                not _disjoint_same_geometry(k, v):
+            if stacked:
+                check.fail(f"{k.name} must hold K and V in separate memory (dim 1 must not be expanded), got a dim-1 "
+                           f"stride of {v.byte_offset} bytes")
+            check.fail(f"{v.name} must not overlap {k.name} in memory, got "
+                       f"{_overlap_bytes(_cache_range(k), _cache_range(v))} overlapping bytes")
+    for data in written[0:2]:
+        for scales in written[2:4]:
+            ranges = _cache_range(data), _cache_range(scales)
+            if _same_storage(data.tensor, scales.tensor) and _overlap(*ranges):
+                check.fail(f"{scales.name} must not overlap {data.name} in memory, got {_overlap_bytes(*ranges)} "
+                           "overlapping bytes")
+
+
+def _check_read_disjoint(check: _Checker, written: List[_Cache4], reads) -> None:
+    for tensor, name in reads:
+        if tensor is None:
+            continue
+        read = _byte_range(tensor.storage_offset() * tensor.element_size(), tensor.shape, _strides(tensor),
+                           tensor.element_size())
+        for t in written:
+            if _same_storage(tensor, t.tensor) and _overlap(read, _cache_range(t)):
+                check.fail(f"{name} must not overlap {t.name} in memory (the op writes there), got "
+                           f"{_overlap_bytes(read, _cache_range(t))} overlapping bytes")
+
+
+def _refuse_shared_storage_under_compile(check: _Checker, written: List[_Cache4], reads) -> None:
+    """PyTorch's compiler mishandles mutated inputs that share a storage with another input (wrong
+    bytes under dynamic shapes, failed compiles), so a traced call refuses them (eager calls take them)."""
+    if not torch.compiler.is_compiling():
+        return
+    tensors = [(written[0].tensor, written[0].name)]
+    for c in written[1:]:
+        if c.tensor is not tensors[-1][0] or c.name != tensors[-1][1]:
+            tensors.append((c.tensor, c.name))
+    others = tensors + [(t, name) for t, name in reads if t is not None]
+    for i, (cache, name) in enumerate(tensors):
+        for other, other_name in others[i + 1:]:
+            if _same_storage(cache, other):
+                check.fail(f"{other_name} shares its storage with {name}; under torch.compile the caches must not share "
+                           "a storage with each other or with another argument (PyTorch miscompiles mutated aliased "
+                           "inputs): pass K and V as one stacked tensor [max_num_pages, 2, ...] or as separately "
+                           "allocated tensors")
 
 
 def _check_scales(check: _Checker, append_key, k_scale, v_scale, k_scale_tensor, v_scale_tensor) -> None:
@@ -211,9 +318,14 @@ def check_append_arguments(append_key, append_value, batch_indices, positions, k
     if kv_indptr.shape[0] != batch_size + 1:
         check.fail(f"kv_indptr must have batch_size + 1 = {batch_size + 1} entries (batch_size = "
                    f"kv_last_page_len.shape[0]), got {kv_indptr.shape[0]}")
-    _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim,
-                  v_sf_layout == "trtllm")
+    written = _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim,
+                            v_sf_layout == "trtllm")
     _check_scales(check, append_key, k_scale, v_scale, k_scale_tensor, v_scale_tensor)
+    reads = [(append_key, "append_key"), (append_value, "append_value"), (batch_indices, "batch_indices"),
+             (positions, "positions"), (kv_indices, "kv_indices"), (kv_indptr, "kv_indptr"),
+             (kv_last_page_len, "kv_last_page_len"), (k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")]
+    _check_read_disjoint(check, written, reads)
+    _refuse_shared_storage_under_compile(check, written, reads)
 
 
 def check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf,
@@ -231,9 +343,13 @@ def check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapp
     if slot_mapping.shape[0] > nnz:
         check.fail(f"slot_mapping must have at most append_key.shape[0] = {nnz} entries, got "
                    f"{slot_mapping.shape[0]}")
-    _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim,
-                  v_sf_layout == "trtllm")
+    written = _check_caches(check, k_cache, v_cache, k_cache_sf, v_cache_sf, nhd, num_heads, head_dim,
+                            v_sf_layout == "trtllm")
     _check_scales(check, append_key, k_scale, v_scale, k_scale_tensor, v_scale_tensor)
+    reads = [(append_key, "append_key"), (append_value, "append_value"), (slot_mapping, "slot_mapping"),
+             (k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")]
+    _check_read_disjoint(check, written, reads)
+    _refuse_shared_storage_under_compile(check, written, reads)
 
 
 def check_dequantize_arguments(packed: torch.Tensor, scales: torch.Tensor, global_scale: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional, Tuple, Union
 
 import torch
@@ -26,21 +27,59 @@ def _split_cache(cache: Cache, name: str) -> Tuple[torch.Tensor, Optional[torch.
 Scale = Union[float, torch.Tensor]
 
 
-def _op_arguments(paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_scale: Scale) -> tuple:
-    """(k_cache, v_cache, k_cache_sf, v_cache_sf, k_scale, v_scale, k_scale_tensor, v_scale_tensor) as the
-    ops take them. It runs on every decode step of every layer, so the common cases (tuple caches, float
-    scales) are exact-type tests: isinstance against torch.Tensor is slow when it fails."""
-    k_cache, v_cache = paged_kv_cache if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2 else \
-        _split_cache(paged_kv_cache, "paged_kv_cache")
-    k_sf, v_sf = kv_cache_sf if type(kv_cache_sf) is tuple and len(kv_cache_sf) == 2 else \
-        _split_cache(kv_cache_sf, "kv_cache_sf")
-    if type(k_scale) is float and type(v_scale) is float:
-        return k_cache, v_cache, k_sf, v_sf, k_scale, v_scale, None, None
-    k_tensor = k_scale if isinstance(k_scale, torch.Tensor) else None
-    v_tensor = v_scale if isinstance(v_scale, torch.Tensor) else None
-    return (k_cache, v_cache, k_sf, v_sf, 1.0 if k_tensor is not None else k_scale,
-            1.0 if v_tensor is not None else v_scale, k_tensor, v_tensor)
+def _scale_argument(op: str, name: str, scale) -> Tuple[float, Optional[torch.Tensor]]:
+    """(value, tensor) as the op takes a global scale: a real number (not a bool), or a tensor."""
+    if isinstance(scale, torch.Tensor):
+        return 1.0, scale
+    if isinstance(scale, (torch.SymFloat, torch.SymInt)):
+        return scale, None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"nvfp4kv.{op}: {name} must be a float or a one-element float32 tensor, got "
+                        f"{type(scale).__name__}")
+    return float(scale), None
 
+
+def _check_python_types(op: str, tensors, strings) -> None:
+    """TypeError naming the first argument of the wrong Python type (the op's own parser would raise a
+    RuntimeError naming its schema instead)."""
+    for name, value in tensors:
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"nvfp4kv.{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
+    for name, value in strings:
+        if not isinstance(value, str):
+            raise TypeError(f"nvfp4kv.{op}: {name} must be a str, got {type(value).__name__}")
+
+
+def _op_arguments(op: str, paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_scale: Scale) -> tuple:
+    """(k_cache, v_cache, k_cache_sf, v_cache_sf, k_scale, v_scale, k_scale_tensor, v_scale_tensor) as the
+    ops take them."""
+    k_cache, v_cache = _split_cache(paged_kv_cache, "paged_kv_cache")
+    k_sf, v_sf = _split_cache(kv_cache_sf, "kv_cache_sf")
+    k_value, k_tensor = _scale_argument(op, "k_scale", k_scale)
+    v_value, v_tensor = _scale_argument(op, "v_scale", v_scale)
+    return k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor
+
+
+def _cache_names(caches) -> Tuple[str, ...]:
+    """The user's names of (k_cache, v_cache, k_cache_sf, v_cache_sf): tuple elements, or the stacked tensors."""
+    return _CACHE_NAMES if caches[1] is not None else ("paged_kv_cache", "", "kv_cache_sf", "")
+
+
+def _writable(op: str, caches) -> None:
+    """Outside inference mode torch refuses in-place writes to inference tensors, and so do the appends."""
+    if _inference_mode_enabled():
+        return
+    for name, cache in zip(_cache_names(caches), caches):
+        if cache is not None and cache.is_inference():
+            raise RuntimeError(f"nvfp4kv.{op}: {name} is an inference tensor; an in-place update to an inference "
+                               "tensor outside InferenceMode is not allowed (make a clone first)")
+
+
+_CACHE_NAMES = ("paged_kv_cache[0]", "paged_kv_cache[1]", "kv_cache_sf[0]", "kv_cache_sf[1]")
+_inference_mode_enabled = torch.is_inference_mode_enabled
+# The kernels write through data pointers, so the wrapper bumps the caches' version counters as torch's
+# in-place ops do (autograd then refuses stale saved tensors). Calls through torch.ops skip it.
+_increment_version = torch._C._increment_version
 
 # Eagerly the API calls an overload's C++ entry point (_op), skipping OpOverload.__call__'s Python frame;
 # TorchDynamo (torch.compile, strict export) cannot trace _op and gets the OpOverload itself.
@@ -48,6 +87,8 @@ _APPEND = torch.ops.nvfp4kv.append_paged_kv_cache.default
 _APPEND_WITH_SLOT_MAPPING = torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping.default
 _APPEND_OP = _APPEND._op
 _APPEND_WITH_SLOT_MAPPING_OP = _APPEND_WITH_SLOT_MAPPING._op
+_OP = "append_paged_kv_cache"
+_OP_WITH_SLOT_MAPPING = "append_paged_kv_cache_with_slot_mapping"
 
 
 def nvfp4_quantize_append_paged_kv_cache(
@@ -76,32 +117,61 @@ def nvfp4_quantize_append_paged_kv_cache(
     k_scale / v_scale: global decode scales (value = e2m1 * block_scale * global_scale), as floats or
         one-element float32 tensors on the inputs' device.
     Row i of request batch_indices[i] at logical position positions[i] goes to page
-    kv_indices[kv_indptr[b] + p // page_size], entry p % page_size. See SPEC.md for the bit recipe.
+    kv_indices[kv_indptr[b] + p // page_size], entry p % page_size. See docs/SPEC.md for the bit recipe.
     v_sf_layout: "linear" (FA2/XQA kernels) or "trtllm" (V scales 4-token interleaved, for trtllm-gen).
     scale_search: "none" (SPEC) or "4over6" (per block, the 4-targeted scale when it has less error).
     """
     # The call of every layer of every decode step: (K, V) tuples, float scales, eager, no debug checks.
     if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
-            type(v_scale) is float and len(paged_kv_cache) == 2 and len(kv_cache_sf) == 2 and \
-            not debug_checks.ENABLED and not is_dynamo_compiling():
-        if v_sf_layout == "linear" and scale_search == "none":  # the schema's defaults: ~4% less to parse
-            _APPEND_OP(append_key, append_value, batch_indices, positions, paged_kv_cache[0], paged_kv_cache[1],
-                       kv_cache_sf[0], kv_cache_sf[1], kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
-                       kv_layout)
-        else:
-            _APPEND_OP(append_key, append_value, batch_indices, positions, paged_kv_cache[0], paged_kv_cache[1],
-                       kv_cache_sf[0], kv_cache_sf[1], kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
-                       kv_layout, None, None, v_sf_layout, scale_search)
+            type(v_scale) is float and type(kv_layout) is str and len(paged_kv_cache) == 2 and \
+            len(kv_cache_sf) == 2 and not debug_checks.ENABLED and not is_dynamo_compiling():
+        caches = (*paged_kv_cache, *kv_cache_sf)
+        _writable(_OP, caches)
+        try:
+            if v_sf_layout == "linear" and scale_search == "none":  # the schema's defaults: ~4% less to parse
+                _APPEND_OP(append_key, append_value, batch_indices, positions, *caches, kv_indices, kv_indptr,
+                           kv_last_page_len, k_scale, v_scale, kv_layout)
+            else:
+                _APPEND_OP(append_key, append_value, batch_indices, positions, *caches, kv_indices, kv_indptr,
+                           kv_last_page_len, k_scale, v_scale, kv_layout, None, None, v_sf_layout, scale_search)
+        except (TypeError, RuntimeError):
+            _check_append_types(append_key, append_value, batch_indices, positions, caches, kv_indices,
+                                kv_indptr, kv_last_page_len, kv_layout, v_sf_layout, scale_search)
+            raise
+        _increment_version(caches)
         return
     k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
-        paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+        _OP, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+    caches = (k_cache, v_cache, k_sf, v_sf)
+    _check_append_types(append_key, append_value, batch_indices, positions, caches, kv_indices, kv_indptr,
+                        kv_last_page_len, kv_layout, v_sf_layout, scale_search)
+    if is_dynamo_compiling():
+        if debug_checks.ENABLED:  # checked by an op of its own at run time (the index data is device data)
+            batch_indices = debug_checks.checked_batch_indices(
+                batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_tensor, v_tensor,
+                *debug_checks.page_geometry(k_cache, v_cache, kv_layout))
+        _APPEND(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices,
+                kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout,
+                scale_search)
+        return
+    _writable(_OP, caches)
     if debug_checks.ENABLED:
         debug_checks.check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf,
                                   kv_indices, kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor,
                                   v_tensor, v_sf_layout, scale_search)
-    append = _APPEND if is_dynamo_compiling() else _APPEND_OP
-    append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices, kv_indptr,
-           kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
+    _APPEND_OP(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices,
+               kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout,
+               scale_search)
+    _increment_version([c for c in caches if c is not None])
+
+
+def _check_append_types(append_key, append_value, batch_indices, positions, caches, kv_indices, kv_indptr,
+                        kv_last_page_len, kv_layout, v_sf_layout, scale_search) -> None:
+    _check_python_types(_OP, (("append_key", append_key), ("append_value", append_value),
+                              ("batch_indices", batch_indices), ("positions", positions), *zip(_cache_names(caches), caches),
+                              ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
+                              ("kv_last_page_len", kv_last_page_len)),
+                        (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search)))
 
 
 def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
@@ -124,25 +194,49 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     (skipped), and so are slots at or beyond max_num_pages * page_size. Rows past n are ignored.
     """
     if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
-            type(v_scale) is float and len(paged_kv_cache) == 2 and len(kv_cache_sf) == 2 and \
-            not debug_checks.ENABLED and not is_dynamo_compiling():
-        if v_sf_layout == "linear" and scale_search == "none":
-            _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, paged_kv_cache[0],
-                                         paged_kv_cache[1], kv_cache_sf[0], kv_cache_sf[1], k_scale, v_scale, kv_layout)
-        else:
-            _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, paged_kv_cache[0],
-                                         paged_kv_cache[1], kv_cache_sf[0], kv_cache_sf[1], k_scale, v_scale, kv_layout,
-                                         None, None, v_sf_layout, scale_search)
+            type(v_scale) is float and type(kv_layout) is str and len(paged_kv_cache) == 2 and \
+            len(kv_cache_sf) == 2 and not debug_checks.ENABLED and not is_dynamo_compiling():
+        caches = (*paged_kv_cache, *kv_cache_sf)
+        _writable(_OP_WITH_SLOT_MAPPING, caches)
+        try:
+            if v_sf_layout == "linear" and scale_search == "none":
+                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, *caches, k_scale, v_scale,
+                                             kv_layout)
+            else:
+                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, *caches, k_scale, v_scale,
+                                             kv_layout, None, None, v_sf_layout, scale_search)
+        except (TypeError, RuntimeError):
+            _check_slot_mapping_types(append_key, append_value, slot_mapping, caches, kv_layout, v_sf_layout,
+                                      scale_search)
+            raise
+        _increment_version(caches)
         return
     k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
-        paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+        _OP_WITH_SLOT_MAPPING, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+    caches = (k_cache, v_cache, k_sf, v_sf)
+    _check_slot_mapping_types(append_key, append_value, slot_mapping, caches, kv_layout, v_sf_layout, scale_search)
+    if is_dynamo_compiling():
+        if debug_checks.ENABLED:
+            slot_mapping = debug_checks.checked_slot_mapping(slot_mapping, k_tensor, v_tensor,
+                                                             *debug_checks.page_geometry(k_cache, v_cache, kv_layout))
+        _APPEND_WITH_SLOT_MAPPING(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value,
+                                  v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
+        return
+    _writable(_OP_WITH_SLOT_MAPPING, caches)
     if debug_checks.ENABLED:
         debug_checks.check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf,
                                                     v_sf, k_value, v_value, kv_layout, k_tensor, v_tensor,
                                                     v_sf_layout, scale_search)
-    append = _APPEND_WITH_SLOT_MAPPING if is_dynamo_compiling() else _APPEND_WITH_SLOT_MAPPING_OP
-    append(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value, v_value, kv_layout,
-           k_tensor, v_tensor, v_sf_layout, scale_search)
+    _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value,
+                                 v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
+    _increment_version([c for c in caches if c is not None])
+
+
+def _check_slot_mapping_types(append_key, append_value, slot_mapping, caches, kv_layout, v_sf_layout,
+                              scale_search) -> None:
+    _check_python_types(_OP_WITH_SLOT_MAPPING, (("append_key", append_key), ("append_value", append_value),
+                                                ("slot_mapping", slot_mapping), *zip(_cache_names(caches), caches)),
+                        (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search)))
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
