@@ -44,22 +44,22 @@ class AppendCase:
         return self.with_caches(clone_cache(self.paged_kv_cache), clone_cache(self.kv_cache_sf))
 
     def to(self, device) -> "AppendCase":
-        moved = {f.name: _move(getattr(self, f.name), device) for f in dataclasses.fields(self)}
+        storages = {}  # shared by every field: tensors sharing a storage keep sharing one
+        moved = {f.name: _move(getattr(self, f.name), device, storages) for f in dataclasses.fields(self)}
         return AppendCase(**moved)
 
 
-def _move(value, device):
+def _move(value, device, storages=None):
     """Tensors (and tuple caches) copied to `device` with the same storage layout and view geometry;
-    tuple halves of one storage stay halves of one storage."""
-    if isinstance(value, torch.Tensor):
-        return _view_of(_copy_storage(value, device), value, device)
+    tensors of one storage (in `storages`, keyed by the source storage) stay views of one storage."""
+    storages = {} if storages is None else storages
     if isinstance(value, tuple):
-        storages = {}
-        for v in value:
-            key = v.untyped_storage().data_ptr()
-            if key not in storages:
-                storages[key] = _copy_storage(v, device)
-        return tuple(_view_of(storages[v.untyped_storage().data_ptr()], v, device) for v in value)
+        return tuple(_move(v, device, storages) for v in value)
+    if isinstance(value, torch.Tensor):
+        key = value.untyped_storage().data_ptr()
+        if key not in storages:
+            storages[key] = _copy_storage(value, device)
+        return _view_of(storages[key], value, device)
     return value
 
 

@@ -3,14 +3,18 @@ libtorch_cpu.so alone (stable ABI, static CUDA runtime), CUDA kernels whenever n
 and the public C++ headers."""
 
 import importlib.metadata
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
 import nvfp4kv
 from nvfp4kv import library
+
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 # What a C++ shared library may need from the system besides torch.
 SYSTEM_LIBRARIES = ("libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so", "libstdc++.so", "libgcc_s.so",
@@ -46,6 +50,24 @@ def test_cuda_kernels_are_built_where_nvcc_exists():
         pytest.skip("no nvcc on this machine")
     assert library.has_cuda_kernels()
     assert torch._C._dispatch_has_kernel_for_dispatch_key("nvfp4kv::dequantize", "CUDA")
+
+
+def cmake_architectures():
+    """NVFP4KV_CUDA_ARCHITECTURES as cmake/cuda_architectures.cmake sets it: the one place it is written."""
+    text = (REPOSITORY / "cmake" / "cuda_architectures.cmake").read_text()
+    return re.search(r'set\(NVFP4KV_CUDA_ARCHITECTURES "([^"]+)"', text).group(1).split(";")
+
+
+def test_cuda_architectures_flow_from_cmake():
+    """The library reports CMake's list, and the README states the same one."""
+    architectures = cmake_architectures()
+    if library.has_cuda_kernels():
+        assert library.cuda_architectures() == architectures
+    real = [a.split("-")[0] for a in architectures if a.endswith("-real")]
+    virtual = [a.split("-")[0] for a in architectures if a.endswith("-virtual")]
+    readme = (REPOSITORY / "README.md").read_text()
+    stated = f"SASS for sm_{', '.join(real)} and PTX for sm_{', '.join(virtual)}"
+    assert stated in " ".join(readme.split()), stated
 
 
 def test_cpu_kernels_and_fakes_are_registered():

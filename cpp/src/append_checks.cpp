@@ -334,14 +334,17 @@ OptionArguments read_options(BoxedArguments& boxed) {
 }  // namespace
 
 AppendArguments read_append_arguments(BoxedArguments& boxed) {
-  boxed.expect("append_paged_kv_cache", 18);
-  return {boxed.tensor(), boxed.tensor(), boxed.tensor(), boxed.tensor(), read_caches(boxed),
-          boxed.tensor(), boxed.tensor(), boxed.tensor(), read_options(boxed)};
+  AppendArguments args{boxed.tensor(), boxed.tensor(), boxed.tensor(), boxed.tensor(), read_caches(boxed),
+                       boxed.tensor(), boxed.tensor(), boxed.tensor(), read_options(boxed)};
+  boxed.finish("append_paged_kv_cache", 0);
+  return args;
 }
 
 AppendWithSlotMappingArguments read_append_with_slot_mapping_arguments(BoxedArguments& boxed) {
-  boxed.expect("append_paged_kv_cache_with_slot_mapping", 14);
-  return {boxed.tensor(), boxed.tensor(), boxed.tensor(), read_caches(boxed), read_options(boxed)};
+  AppendWithSlotMappingArguments args{boxed.tensor(), boxed.tensor(), boxed.tensor(), read_caches(boxed),
+                                      read_options(boxed)};
+  boxed.finish("append_paged_kv_cache_with_slot_mapping", 0);
+  return args;
 }
 
 AppendParams check_append_arguments(const AppendArguments& args) {

@@ -5,12 +5,22 @@
 namespace nvfp4kv {
 
 BoxedArguments::BoxedArguments(StableIValue* stack, uint64_t num_args, uint64_t num_outputs)
-    : next_(stack), num_args_(num_args), num_outputs_(num_outputs) {}
+    : stack_(stack), num_args_(num_args), num_outputs_(num_outputs) {}
 
-void BoxedArguments::expect(const char* op, uint64_t schema_args) const {
-  STD_TORCH_CHECK(num_args_ == schema_args && num_outputs_ == 0, "nvfp4kv.", op, ": the registered schema has ",
-                  num_args_, " arguments and ", num_outputs_, " outputs, the kernel takes ", schema_args,
-                  " and returns nothing");
+StableIValue& BoxedArguments::next() {
+  STD_TORCH_CHECK(num_read_ < num_args_, "nvfp4kv: the kernel reads more arguments than the registered schema's ",
+                  num_args_);
+  return stack_[num_read_++];
+}
+
+void BoxedArguments::finish(const char* op, uint64_t outputs) const {
+  STD_TORCH_CHECK(num_read_ == num_args_ && num_outputs_ == outputs, "nvfp4kv.", op, ": the registered schema has ",
+                  num_args_, " arguments and ", num_outputs_, " outputs, the kernel reads ", num_read_, " and returns ",
+                  outputs);
+}
+
+void BoxedArguments::return_tensor(const torch::stable::Tensor& out) {
+  stack_[0] = torch::stable::detail::from(out);
 }
 
 BoxedArguments::~BoxedArguments() {
@@ -25,19 +35,23 @@ TensorInfo BoxedArguments::own(AtenTensorHandle handle) {
   return TensorInfo(handle);
 }
 
-TensorInfo BoxedArguments::tensor() { return own(torch::stable::detail::to<AtenTensorHandle>(*next_++)); }
+TensorInfo BoxedArguments::tensor() { return own(torch::stable::detail::to<AtenTensorHandle>(next())); }
 
 std::optional<TensorInfo> BoxedArguments::optional_tensor() {
   // None, or a heap StableIValue holding the handle (freed by the conversion).
-  const auto handle = torch::stable::detail::to<std::optional<AtenTensorHandle>>(*next_++);
+  const auto handle = torch::stable::detail::to<std::optional<AtenTensorHandle>>(next());
   if (!handle) return std::nullopt;
   return own(*handle);
 }
 
-double BoxedArguments::real() { return torch::stable::detail::to<double>(*next_++); }
+torch::stable::Tensor BoxedArguments::owned_tensor() {
+  return torch::stable::Tensor(torch::stable::detail::to<AtenTensorHandle>(next()));
+}
+
+double BoxedArguments::real() { return torch::stable::detail::to<double>(next()); }
 
 std::string BoxedArguments::string() {
-  const auto handle = torch::stable::detail::to<StringHandle>(*next_++);
+  const auto handle = torch::stable::detail::to<StringHandle>(next());
   const char* data = nullptr;
   size_t length = 0;
   STABLE_TORCH_ERROR_CODE_CHECK(torch_string_c_str(handle, &data));

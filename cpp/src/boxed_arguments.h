@@ -1,5 +1,5 @@
-// Reading a stable-ABI boxed call's argument stack in schema order: what TORCH_BOX does for an
-// unboxed kernel, minus what costs on every decode step. TORCH_BOX wraps each tensor handle in a
+// Reading a stable-ABI boxed call's argument stack in schema order, for every op: what TORCH_BOX does
+// for an unboxed kernel, minus what costs on every decode step. TORCH_BOX wraps each tensor handle in a
 // shared_ptr (a heap allocation), copies the arguments once more into the kernel's parameters, and
 // torch 2.13's StableIValue -> std::string conversion leaks a heap std::string per `str` argument
 // (pytorch/pytorch#191340). Here each tensor handle is kept as is until the call ends.
@@ -24,23 +24,28 @@ class BoxedArguments {
   // acquisition when called from Python (gil_for_tensor_release.h).
   ~BoxedArguments();
 
-  // Checks the call against the kernel's idea of the schema (registration.cpp): `schema_args`
-  // arguments, no outputs.
-  void expect(const char* op, uint64_t schema_args) const;
-
-  // The next argument. Each must be read exactly once, in schema order; TensorInfos stay valid
-  // while this object lives.
+  // The next argument, in schema order (registration.cpp); reading past the call's arguments throws.
+  // TensorInfos stay valid while this object lives; owned_tensor() hands the handle to a Tensor.
   TensorInfo tensor();
   std::optional<TensorInfo> optional_tensor();
+  torch::stable::Tensor owned_tensor();
   double real();
   std::string string();
 
+  // After the last read: the kernel read every argument of the registered schema, which has
+  // `outputs` outputs. Catches a schema edited without its kernel.
+  void finish(const char* op, uint64_t outputs) const;
+  // The op's one output (after finish).
+  void return_tensor(const torch::stable::Tensor& out);
+
  private:
   TensorInfo own(AtenTensorHandle handle);
+  StableIValue& next();
 
-  StableIValue* next_;
+  StableIValue* stack_;
   uint64_t num_args_;
   uint64_t num_outputs_;
+  uint64_t num_read_ = 0;
   std::array<AtenTensorHandle, 16> tensors_{};
   size_t num_tensors_ = 0;
 };

@@ -10,7 +10,11 @@ namespace {
 constexpr const char* kOp = "dequantize";
 }
 
-DequantizeCall prepare_dequantize(const Tensor& packed_tensor, const Tensor& scales_tensor, double global_scale) {
+DequantizeCall prepare_dequantize(BoxedArguments& boxed) {
+  const Tensor packed_tensor = boxed.owned_tensor();
+  const Tensor scales_tensor = boxed.owned_tensor();
+  const double global_scale = boxed.real();
+  boxed.finish(kOp, 1);
   const TensorInfo packed(packed_tensor);
   const TensorInfo scales(scales_tensor);
   if (packed.scalar_type() != ScalarType::Byte) {

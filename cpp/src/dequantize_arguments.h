@@ -2,6 +2,7 @@
 #pragma once
 
 #include "argument_checks.h"
+#include "boxed_arguments.h"
 #include "dequantize_params.h"
 
 namespace nvfp4kv {
@@ -14,7 +15,7 @@ struct DequantizeCall {
 };
 
 // packed uint8 [..., head_dim/2] + scales float8_e4m3fn [..., head_dim/16] (same leading shape and
-// device) + a positive finite global scale.
-DequantizeCall prepare_dequantize(const Tensor& packed, const Tensor& scales, double global_scale);
+// device) + a positive finite global scale, read from the call's stack (schema in registration.cpp).
+DequantizeCall prepare_dequantize(BoxedArguments& boxed);
 
 }  // namespace nvfp4kv

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
+from typing import List
 
 import torch
 
@@ -33,3 +35,13 @@ def load() -> None:
 def has_cuda_kernels() -> bool:
     """True when the loaded library registered CUDA kernels (built with nvcc)."""
     return torch._C._dispatch_has_kernel_for_dispatch_key("nvfp4kv::append_paged_kv_cache", "CUDA")
+
+
+def cuda_architectures() -> List[str]:
+    """The CUDA architectures of the loaded library's fat binary as CMake lists them (e.g. "90-real",
+    "80-virtual"); empty for a CPU-only build."""
+    library = ctypes.CDLL(str(library_path()))
+    if not hasattr(library, "nvfp4kv_cuda_architectures"):
+        return []
+    library.nvfp4kv_cuda_architectures.restype = ctypes.c_char_p
+    return library.nvfp4kv_cuda_architectures().decode().split()

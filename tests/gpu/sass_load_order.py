@@ -6,7 +6,7 @@ For each kernel of OBJECT (a .o, .cubin or library with SASS) whose name matches
 global loads after the programmatic wait (ACQBULK) in program order and the first instruction that
 reads a register an earlier load writes. A warp stalls there until that load's value arrives, so a
 load listed LATE goes out a memory round trip after the ones above it: the dependent loads of the
-index chain are meant to be late, a level-1 index or a device scale is not (PERFORMANCE_LOG v10c).
+index chain are meant to be late, a level-1 index or a device scale is not (docs/PERFORMANCE.md v10c).
 """
 from __future__ import annotations
 

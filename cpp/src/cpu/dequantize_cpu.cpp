@@ -20,16 +20,18 @@ void dequantize_rows(const DequantizeParams& p, int64_t begin, int64_t end) {
   }
 }
 
-Tensor dequantize_cpu(Tensor packed, Tensor scales, double global_scale) {
-  const DequantizeCall call = prepare_dequantize(packed, scales, global_scale);
+// Boxed kernel: the arguments are read from the dispatcher's stack (boxed_arguments.h).
+void dequantize_cpu(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  BoxedArguments boxed(stack, num_args, num_outputs);
+  const DequantizeCall call = prepare_dequantize(boxed);
   const DequantizeParams& p = call.params;
   torch::stable::parallel_for(0, p.rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, p.head_dim)),
                               [&](int64_t begin, int64_t end) { dequantize_rows(p, begin, end); });
-  return call.out;
+  boxed.return_tensor(call.out);
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(nvfp4kv, CPU, m) { m.impl("dequantize", TORCH_BOX(&dequantize_cpu)); }
+STABLE_TORCH_LIBRARY_IMPL(nvfp4kv, CPU, m) { m.impl("dequantize", &dequantize_cpu); }
 
 }  // namespace nvfp4kv

@@ -20,8 +20,8 @@
 //      one-item-per-thread kernel first warms the constant cache with its parameters and computes the
 //      addresses of step 1's loads and, in split mode (decode), the store addresses but for the entry's
 //      and page's terms and the reciprocal of 6 s of a scale passed by value, so that little but loads
-//      is left after the wait (decode's latency; split mode runs CTAs of a.split_threads threads, 128 by
-//      default, so that a small call spreads over more SMs: one warp per scheduler);
+//      is left after the wait (decode's latency; split mode runs CTAs of kSplitModeThreads = 128 threads,
+//      so that a small call spreads over more SMs: one warp per scheduler);
 //   1. issue the input loads (they depend on no index), the row's level-1 index loads and (split mode)
 //      the loads of device scales;
 //   2. fill the CTA's reciprocal tables (pair mode) while they are in flight;
@@ -40,18 +40,18 @@
 //      optional "trtllm" layout).
 // Building blocks beside this file: launch_args.cuh (the work split's divisors and per-call choices),
 // index_chain.cuh (step 3), block_quantizer.cuh and four_over_six_quantizer.cuh (step 4),
-// block_io.cuh (steps 1 and 5), append_tuning.h (the benchmark's switches), programmatic_launch.cuh
+// block_io.cuh (steps 1 and 5), kernel_mode.h (the tests' kernel-mode hook), programmatic_launch.cuh
 // (step 0).
-// PERFORMANCE_LOG.md beside this file has the measured numbers and what each design choice bought.
+// docs/PERFORMANCE.md has the measured numbers and what each design choice bought.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "append_tuning.h"
 #include "block_io.cuh"
 #include "block_quantizer.cuh"
 #include "four_over_six_quantizer.cuh"
 #include "index_chain.cuh"
+#include "kernel_mode.h"
 #include "kernels.h"
 #include "launch_args.cuh"
 #include "programmatic_launch.cuh"
@@ -61,7 +61,6 @@ namespace nvfp4kv {
 namespace {
 
 using namespace append_kernel;  // NOLINT(build/namespaces): the kernels' building blocks
-using namespace append_tuning;  // NOLINT(build/namespaces)
 
 // ---------------------------------------------------------------------------------------------
 // One thread's work item: kBlocks blocks of one (row, head) for K and V (pair mode) or for one of them.
@@ -198,7 +197,7 @@ __device__ __forceinline__ Quantized<2 * kBlocks> quantize_item_staged(
   q.k_scale = global_scale(p, false);
   q.v_scale = global_scale(p, true);
   // Global scales the loop does not handle (s >= 2^120, or a quotient that divides: 6 s or 4 s outside
-  // [2^-60, 2^60], or NVFP4KV_HOISTED_DIVISION=0) take the unrolled code, which handles every case.
+  // [2^-60, 2^60]) take the unrolled code, which handles every case.
   if (!block_quantizer::four_over_six_fast_scale(q.k_scale) ||
       !block_quantizer::four_over_six_fast_scale(q.v_scale) || inverses[0] == 0.0f || inverses[1] == 0.0f ||
       inverses[2] == 0.0f || inverses[3] == 0.0f) {
@@ -305,7 +304,7 @@ __device__ __forceinline__ void fill_scaled_table(float* scaled) {
 // first, then the tables are filled while they are in flight.
 template <bool kBF16, bool kVector, int kBlocks, bool kSplit, typename Index, bool kFourOverSix>
 // 64 registers (4 CTAs of kThreads per SM) but for 4-over-6 (split mode: 128) and the scalar kernel: a
-// large decode call (split mode) must fit one wave (PERFORMANCE_LOG v10: 72 registers cost nnz 1024 a
+// large decode call (split mode) must fit one wave (docs/PERFORMANCE.md v10: 72 registers cost nnz 1024 a
 // second wave, +1.2 us).
 __global__ void __launch_bounds__(kThreads, !kVector ? 1 : kFourOverSix ? (kSplit ? 2 : 1) : 4)
     append_paged_kv_cache_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
@@ -325,8 +324,8 @@ __global__ void __launch_bounds__(kThreads, !kVector ? 1 : kFourOverSix ? (kSpli
   RowIndexAddresses<Index> indices = row_index_addresses<Index>(p, a, it.row);
   compute_here(sources.first, sources.second, indices.b, indices.position, indices.first, indices.last);
   // Split mode: so are the store addresses but for the entry's and the page's terms, and the reciprocal
-  // of 6 s for a scale passed by value (PERFORMANCE_LOG v10b; the other modes keep their session-6
-  // code: there the addresses live across the loads and the compiler delays the input loads then).
+  // of 6 s for a scale passed by value (docs/PERFORMANCE.md v10b; the other modes keep their v9
+  // code of 7fbc0e8: there the addresses live across the loads and the compiler delays the input loads then).
   ItemDestination dst{};
   float split_inverse = 0.0f;
   if constexpr (kSplit) {
@@ -446,6 +445,9 @@ bool cache_aligned(const CacheView& c, int64_t bytes) {
          c.head_stride % bytes == 0;
 }
 
+// Threads per CTA in split mode (decode; docs/PERFORMANCE.md v10b).
+constexpr uint32_t kSplitModeThreads = 128;
+
 // Calls with at most this many blocks per tensor (nnz * heads * head_dim / 16) run in split mode:
 // up to about one wave of 1-block threads on a large GPU, where latency, not bandwidth, decides.
 constexpr int64_t kSplitModeMaxBlocks = int64_t(1) << 16;
@@ -469,10 +471,10 @@ void launch_rows(const AppendParams& p, LaunchArgs a, cudaStream_t stream) {
     const uint32_t threads = kSplit ? a.split_threads : kThreads;
     const dim3 grid((a.items + threads - 1) / threads);
     if constexpr (kVector && !kSplit) {
-      if (per_row >= kMinItemsPerRowForSharedChain && forced_mode() != kForceOneShot) {
+      if (per_row >= kMinItemsPerRowForSharedChain && kernel_mode::forced() != kernel_mode::kForceOneShot) {
         // The page table's chain (three dependent loads) gets a warp of its own; the slot mapping's
         // (one load) and the compute-bound 4-over-6 recipe keep warp 0 quantizing too.
-        const bool chain_only = p.slot_mapping.data == nullptr && !kFourOverSix && chain_only_warp_enabled();
+        const bool chain_only = p.slot_mapping.data == nullptr && !kFourOverSix;
         a.item_offset = chain_only ? 32 : 0;
         const dim3 grid((a.items + a.cta_items() - 1) / a.cta_items());
         programmatic_launch::launch(append_paged_kv_cache_pair_kernel<kBF16, kBlocks, Index, kFourOverSix>, grid,
@@ -539,9 +541,9 @@ int launch_append_paged_kv_cache(const AppendParams& p, void* stream, const char
                       cache_aligned(p.v_data, 8);
   Plan plan{Mode::kScalar, 1};
   if (vector) {
-    const int forced = forced_mode();
-    const bool split = forced == kForceSplit ||
-                       (forced == kAuto && total_blocks <= kSplitModeMaxBlocks);
+    const int forced = kernel_mode::forced();
+    const bool split = forced == kernel_mode::kForceSplit ||
+                       (forced == kernel_mode::kAuto && total_blocks <= kSplitModeMaxBlocks);
     plan = split ? Plan{Mode::kSplit, 1} : Plan{Mode::kPair, blocks_per_row % 2 == 0 ? 2 : 1};
   }
   const int64_t groups = blocks_per_row / plan.blocks;
@@ -560,8 +562,8 @@ int launch_append_paged_kv_cache(const AppendParams& p, void* stream, const char
   a.page_size = Divisor::make(small_pages ? uint32_t(p.page_size) : 1u);
   a.quotient_limit = small_pages ? uint64_t(1) << 31 : 0;
   a.speculate_batch = !slot_mapping && p.nnz == p.batch_size;
-  a.hoisted_division = hoisted_division_enabled();
-  a.split_threads = split_mode_threads();
+  a.hoisted_division = true;  // the kernels still fall back per CTA when the scales need a division
+  a.split_threads = kSplitModeThreads;
   a.store16 = plan.blocks >= 2 && cache_aligned(p.k_data, 16) && cache_aligned(p.v_data, 16);
   a.scale_store16 =
       plan.blocks >= 2 && cache_aligned(p.k_scales, 2) && cache_aligned(p.v_scales, 2) && !p.v_scales_trtllm;

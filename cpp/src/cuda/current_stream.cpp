@@ -38,8 +38,8 @@ void check_cuda_launch(int error_code, const char* error_string, const char* op)
   if (error_code == 0) return;
   std::string message = std::string("nvfp4kv.") + op + ": CUDA kernel launch failed: " + error_string;
   if (error_code == 209 /* cudaErrorNoKernelImageForDevice */) {
-    message += " (this build has SASS for sm_80, 86, 89, 90, 100, 120 and PTX for sm_80; rebuild with "
-               "NVFP4KV_CUDA_ARCHITECTURES including this GPU)";
+    message += " (this build has code for the CUDA architectures " NVFP4KV_CUDA_ARCHITECTURES "; rebuild with "
+               "-C cmake.define.NVFP4KV_CUDA_ARCHITECTURES including this GPU)";
   }
   throw std::runtime_error(message);
 }

@@ -9,18 +9,20 @@
 namespace nvfp4kv {
 namespace {
 
-Tensor dequantize_cuda(Tensor packed, Tensor scales, double global_scale) {
-  const int32_t device = packed.get_device_index();
+// Boxed kernel: the arguments are read from the dispatcher's stack (boxed_arguments.h).
+void dequantize_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  BoxedArguments boxed(stack, num_args, num_outputs);
+  const DequantizeCall call = prepare_dequantize(boxed);  // allocates on the inputs' device
+  const int32_t device = call.packed.get_device_index();
   const torch::stable::accelerator::DeviceGuard guard(device);
-  const DequantizeCall call = prepare_dequantize(packed, scales, global_scale);
   const char* error_string = nullptr;
   const int error = launch_dequantize(call.params, current_cuda_stream(device), &error_string);
   check_cuda_launch(error, error_string, "dequantize");
-  return call.out;
+  boxed.return_tensor(call.out);
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(nvfp4kv, CUDA, m) { m.impl("dequantize", TORCH_BOX(&dequantize_cuda)); }
+STABLE_TORCH_LIBRARY_IMPL(nvfp4kv, CUDA, m) { m.impl("dequantize", &dequantize_cuda); }
 
 }  // namespace nvfp4kv

@@ -78,8 +78,8 @@ __device__ __forceinline__ RowIndexAddresses<Index> row_index_addresses(const Ap
 }
 
 // Level 1's loads through the views: the pair kernel's chain warp, right after its wait (routing it
-// through row_index_addresses changed its code and cost prefill 6-9% at nnz 4096 / D=64 in session 6's
-// A/B run together with the other chain changes; this form is the one measured there).
+// through row_index_addresses changed its code and cost prefill 6-9% at nnz 4096 / D=64 in the v9
+// A/B run (7fbc0e8) together with the other chain changes; this form is the one measured there).
 template <typename Index>
 __device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, const LaunchArgs& a, int64_t row) {
   RowIndices r{0, 0, 0, 0};

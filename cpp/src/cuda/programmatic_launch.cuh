@@ -15,8 +15,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
-#include "append_tuning.h"
 
 namespace nvfp4kv {
 namespace programmatic_launch {
@@ -29,7 +30,7 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 
 // A launch's parameters are new memory to the SM's constant cache, so each 64-byte line of them that
 // a thread first touches after wait_for_previous_kernel() is a miss on the critical path of a short
-// kernel (decode: ~0.1-0.2 us per launch, PERFORMANCE_LOG v9a). One thread of the CTA reads a word of
+// kernel (decode: ~0.1-0.2 us per launch, docs/PERFORMANCE.md v9a). One thread of the CTA reads a word of
 // every line before the wait instead (while the previous kernel still runs, under programmatic
 // launch); the volatile shared-memory store keeps the reads and keeps them before the wait.
 template <typename... Params>
@@ -56,7 +57,10 @@ __device__ __forceinline__ void allow_next_kernel() {
 // Whether launches on the current device get the attribute: sm_90+ (looked up once per device) and
 // not turned off by NVFP4KV_PDL=0.
 inline bool enabled_on_current_device() {
-  static const bool allowed = append_tuning::on_unless_zero("NVFP4KV_PDL");
+  static const bool allowed = [] {
+    const char* v = std::getenv("NVFP4KV_PDL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
   if (!allowed) return false;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices];  // 0: not looked up yet; 1: no; 2: yes

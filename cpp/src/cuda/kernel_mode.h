@@ -1,0 +1,21 @@
+// Which kernel an aligned append call runs: chosen from the call's size, or forced by a test hook so
+// that one process can check every kernel mode's bytes (tests/test_cuda.py). Not a user setting.
+#pragma once
+
+#include <atomic>
+
+namespace nvfp4kv {
+namespace kernel_mode {
+
+// "oneshot" is pair mode without the shared index chain.
+enum Forced { kAuto = 0, kForcePair = 1, kForceSplit = 2, kForceOneShot = 3 };
+
+inline std::atomic<int>& forced_storage() {
+  static std::atomic<int> mode{kAuto};
+  return mode;
+}
+
+inline int forced() { return forced_storage().load(std::memory_order_relaxed); }
+
+}  // namespace kernel_mode
+}  // namespace nvfp4kv
