@@ -4,7 +4,7 @@ This module is the test oracle: it is written for exactness and readability, not
 (it never loads the compiled library). Every floating-point step is an IEEE float32 tensor operation in the order
 the spec gives, so its bytes are the bytes the CPU and CUDA kernels must produce.
 
-Beyond SPEC.md it implements the two options of issue 7, both keyword-only on the append functions:
+Beyond SPEC sections 1-3 it implements two extensions of docs/SPEC.md, keyword-only on the append functions:
 - scale_search="4over6": per block, the scale of SPEC section 2 (sf6) competes with sf4 = E4M3(a / (4.0f * s)); the
   one with the smaller fp32 squared error wins, ties keep sf6 (see quantize).
 - v_sf_layout="trtllm": V scales stored in the 4-token interleaved layout of FlashInfer's trtllm-gen kernels, built
@@ -124,7 +124,7 @@ def _e2m1_values(codes: Tensor) -> Tensor:
 
 
 def _squared_errors(blocks: Tensor, codes: Tensor, scale_code: Tensor, s: Tensor) -> Tensor:
-    """float32 [...] squared error of each block, bit-exact as issue 7 defines it.
+    """float32 [...] squared error of each block, bit-exact as docs/SPEC.md defines it for 4-over-6.
 
     d = (e2m1(code) * float(sf)) * s - x with every product and the difference rounded to fp32, then
     acc = acc + d * d in element order 0..15. Each step is its own float32 tensor op, so nothing is fused into a
@@ -147,7 +147,7 @@ def quantize(x: Tensor, global_scale: float, scale_search: str = "none") -> Tupl
 
     Returns (packed uint8 [..., D/2], block scales float8_e4m3fn [..., D/16]), bit-exact to SPEC section 2.
 
-    scale_search="4over6" (issue 7): besides sf6 = E4M3(a / (6.0f * s)) each block forms sf4 = E4M3(a / (4.0f * s))
+    scale_search="4over6" (docs/SPEC.md): besides sf6 = E4M3(a / (6.0f * s)) each block forms sf4 = E4M3(a / (4.0f * s))
     (same rounding and saturation), quantizes itself with both exactly as SPEC steps 5-7, and keeps sf4 only when its
     squared error (_squared_errors) is strictly smaller. Ties, and so all-zero blocks, keep sf6. The comparison is
     the IEEE `err4 < err6`: a NaN error (inf - inf when e2m1 * sf * s overflows on an infinite input) never picks

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The C++ side of issue 4 on a GPU machine: the example (cpp/examples) built against the installed
+# The C++ API on a GPU machine: the example (cpp/examples) built against the installed
 # package and run on the CPU and the GPU, and every ctest test of tests/cpp, whose CUDA tests (C++ API
 # on CUDA tensors, TorchScript on CUDA, an AOTInductor package compiled for CUDA) skip only where no GPU
 # is seen; here a skipped test is a failure.
