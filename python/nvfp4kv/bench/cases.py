@@ -1,0 +1,169 @@
+"""The benchmark cases and the input sets each case's samples walk."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List
+
+import torch
+
+import nvfp4kv
+from nvfp4kv import reference
+
+HEADS = 8
+PAGE_SIZE = 16
+DTYPE = torch.bfloat16
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str  # "decode" or "prefill"
+    nnz: int
+    head_dim: int
+    layout: str
+    tokens_per_request: int  # decode: 1
+    variant: str = "page_table"  # or "slot_mapping"
+    v_sf_layout: str = "linear"
+    scale_search: str = "none"
+    device_scales: bool = False  # k_scale / v_scale as one-element float32 tensors on the GPU (else floats)
+    heads: int = HEADS  # KV heads
+    baseline: bool = True  # also time the pure-PyTorch baseline
+    in_chart: bool = False  # a point of the chart's kernel series (the base cases; variants: table only)
+    chart_baseline: bool = False  # its pure-PyTorch rate is a point of the chart too
+
+    @property
+    def bytes_moved(self) -> int:
+        """bf16 K and V read, packed data and scales written (index reads are not counted)."""
+        values = self.nnz * self.heads * self.head_dim
+        return 2 * (2 * values + values // 2 + values // 16)
+
+    @property
+    def requests(self) -> int:
+        return self.nnz // self.tokens_per_request
+
+    @property
+    def pages_per_request(self) -> int:
+        return max(1, math.ceil(self.tokens_per_request / PAGE_SIZE))
+
+    @property
+    def bytes_per_input_set(self) -> int:
+        """bytes_moved plus the int32 index tensors of one input set."""
+        pages = self.requests * self.pages_per_request
+        return self.bytes_moved + 4 * (2 * self.nnz + pages + self.requests + 1)
+
+
+def benchmark_cases() -> List[Case]:
+    # The base cases, charted: decode (one token per request) and prefill (requests of 1024 tokens).
+    charted = dict(in_chart=True)
+    cases = [Case(f"decode nnz={n}", "decode", n, 128, "NHD", 1, chart_baseline=True, **charted)
+             for n in (1, 8, 64, 256, 1024)]
+    for layout in ("NHD", "HND"):
+        cases += [Case(f"prefill nnz={n} D=128 {layout}", "prefill", n, 128, layout, 1024,
+                       chart_baseline=layout == "NHD", **charted)
+                  for n in (4096, 16384, 65536)]
+    cases += [Case(f"prefill nnz=16384 D={d} NHD", "prefill", 16384, d, "NHD", 1024, **charted) for d in (64, 256)]
+    # The slot-mapping variant (same targets as the page-table op).
+    cases += [Case(f"slots decode nnz={n}", "decode", n, 128, "NHD", 1, "slot_mapping", baseline=False)
+              for n in (1, 64, 1024)]
+    cases += [Case(f"slots prefill nnz={n} D=128 NHD", "prefill", n, 128, "NHD", 1024, "slot_mapping",
+                   baseline=False)
+              for n in (16384, 65536)]
+    # The optional formats: trtllm V scales (within 5% of linear), 4-over-6 (>= 80% of the ceiling).
+    extra = dict(baseline=False)
+    cases += [Case("linear decode nnz=64 HND", "decode", 64, 128, "HND", 1, **extra),
+              Case("trtllm decode nnz=64 HND", "decode", 64, 128, "HND", 1, v_sf_layout="trtllm", **extra),
+              Case("trtllm prefill nnz=65536 D=128 HND", "prefill", 65536, 128, "HND", 1024, v_sf_layout="trtllm",
+                   **extra),
+              Case("4over6 prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, scale_search="4over6",
+                   **extra)]
+    # Per-layer scales kept on the device (serving engines): read by the kernel, no host value.
+    cases += [Case(f"device-scale decode nnz={n}", "decode", n, 128, "NHD", 1, device_scales=True, **extra)
+              for n in (1, 64)]
+    cases += [Case("device-scale prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024,
+                   device_scales=True, **extra)]
+    # One KV head per GPU (a tensor-parallel shard of a GQA model): fewer than 9 threads per row, so the
+    # one-item kernel in its "oneshot" mode instead of the pair kernel.
+    cases += [Case("1-head prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, heads=1, **extra)]
+    return cases
+
+
+class InputSets:
+    """`count` independent input sets of one case: keys, values and index tensors, each addressing its
+    own pages of one shared (K, V) cache, so no two sets touch the same bytes."""
+
+    def __init__(self, case: Case, count: int, seed: int = 0):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        requests = case.requests
+        pages_per_request = case.pages_per_request
+        pages_per_set = requests * pages_per_request
+        total_pages = count * pages_per_set
+        inner = [PAGE_SIZE, case.heads] if case.layout == "NHD" else [case.heads, PAGE_SIZE]
+        self.k_cache = torch.zeros(total_pages, *inner, case.head_dim // 2, dtype=torch.uint8, device="cuda")
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.k_sf = torch.zeros(total_pages, *inner, case.head_dim // 16, dtype=torch.uint8,
+                                device="cuda").view(torch.float8_e4m3fn)
+        self.v_sf = torch.zeros_like(self.k_sf)
+        self.layout = case.layout
+        self.case = case
+        self.sets = []
+        # Decode rows land at the last slot of a random-length request; prefill rows fill whole requests.
+        for i in range(count):
+            key = torch.randn(case.nnz, case.heads, case.head_dim, generator=g, device="cuda", dtype=torch.float32)
+            value = torch.randn(case.nnz, case.heads, case.head_dim, generator=g, device="cuda", dtype=torch.float32)
+            key, value = key.to(DTYPE), value.to(DTYPE)
+            page_ids = i * pages_per_set + torch.randperm(pages_per_set, generator=g, device="cuda")
+            indptr = torch.arange(0, requests + 1, device="cuda") * pages_per_request
+            if case.kind == "decode":
+                last = torch.randint(1, PAGE_SIZE + 1, (requests,), generator=g, device="cuda")
+                positions = (pages_per_request - 1) * PAGE_SIZE + last - 1
+                batch = torch.arange(requests, device="cuda")
+            else:
+                last = torch.full((requests,), (case.tokens_per_request - 1) % PAGE_SIZE + 1, device="cuda")
+                positions = torch.arange(case.tokens_per_request, device="cuda").repeat(requests)
+                batch = torch.arange(requests, device="cuda").repeat_interleave(case.tokens_per_request)
+            as32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
+            pages = page_ids[indptr[batch] + positions // PAGE_SIZE]
+            self.sets.append(dict(key=key, value=value, batch_indices=as32(batch), positions=as32(positions),
+                                  slot_mapping=as32(pages * PAGE_SIZE + positions % PAGE_SIZE),
+                                  kv_indices=as32(page_ids), kv_indptr=as32(indptr), kv_last_page_len=as32(last),
+                                  k_scale=self._scale(key, case), v_scale=self._scale(value, case)))
+
+    @staticmethod
+    def _scale(x: torch.Tensor, case: Case):
+        """The calibrated global scale of x: a float, or a float32 tensor on the GPU (device_scales)."""
+        amax = float(x.float().abs().max())
+        if case.device_scales:
+            return nvfp4kv.global_scale_from_amax(torch.tensor([amax], dtype=torch.float32, device="cuda"))
+        return nvfp4kv.global_scale_from_amax(amax)
+
+    def append(self, i: int) -> None:
+        s = self.sets[i % len(self.sets)]
+        options = dict(v_sf_layout=self.case.v_sf_layout, scale_search=self.case.scale_search)
+        if self.case.variant == "slot_mapping":
+            nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+                s["key"], s["value"], s["slot_mapping"], (self.k_cache, self.v_cache), (self.k_sf, self.v_sf),
+                s["k_scale"], s["v_scale"], self.layout, **options)
+            return
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+            s["key"], s["value"], s["batch_indices"], s["positions"], (self.k_cache, self.v_cache),
+            (self.k_sf, self.v_sf), s["kv_indices"], s["kv_indptr"], s["kv_last_page_len"], s["k_scale"],
+            s["v_scale"], self.layout, **options)
+
+    def torch_baseline(self, i: int) -> None:
+        """What a user without this library would write: quantize with tensor ops (the reference's
+        vectorized recipe), then scatter into the cache by advanced indexing."""
+        s = self.sets[i % len(self.sets)]
+        slot = s["kv_indptr"].long()[s["batch_indices"].long()] + s["positions"].long() // PAGE_SIZE
+        page = s["kv_indices"].long()[slot]
+        entry = s["positions"].long() % PAGE_SIZE
+        for x, cache, sf, scale in ((s["key"], self.k_cache, self.k_sf, s["k_scale"]),
+                                    (s["value"], self.v_cache, self.v_sf, s["v_scale"])):
+            packed, scales = reference.quantize(x, scale)
+            if self.layout == "NHD":
+                cache[page, entry] = packed
+                sf.view(torch.uint8)[page, entry] = scales.view(torch.uint8)
+            else:
+                cache.transpose(1, 2)[page, entry] = packed
+                sf.view(torch.uint8).transpose(1, 2)[page, entry] = scales.view(torch.uint8)
