@@ -1,15 +1,13 @@
-"""The CUDA kernels: byte equality with the CPU op and the reference, no synchronisation or allocation,
-CUDA graphs, torch.compile (also under CUDA graphs), the fat binary. Skipped where CUDA is absent.
+"""What only CUDA has: forced kernel modes (the test hook), programmatic launch and stream order, the
+current stream, no synchronisation or allocation, CUDA graphs, torch.compile (also under CUDA graphs),
+the fat binary and the exhaustive device codec check. Skipped where CUDA is absent. The byte equality
+of the CUDA op with the CPU op and the reference is in tests/test_append.py, which runs on every device.
 
 Every comparison is over the WHOLE storage behind each cache (append_cases.cache_bytes), which starts
-as random bytes, so a byte written in the wrong place, or not written, fails. The same AppendCase runs
-on the CPU and, moved with AppendCase.to (same bytes, same view geometry), on the GPU.
-
-NVFP4KV_TEST_SMALL=1 trims the parameter grids (for compute-sanitizer runs, tests/gpu/run_device.sh).
+as random bytes, so a byte written in the wrong place, or not written, fails.
 """
 
 import ctypes
-import inspect
 import os
 import re
 import shutil
@@ -22,109 +20,24 @@ import pytest
 import torch
 
 import nvfp4kv
-from nvfp4kv import reference
-from append_cases import cache_bytes, clone_cache, make_append_case
+from append_cases import clone_cache, make_append_case
+from conftest import assert_same_caches, has_cuda
 
-CUDA_OK = torch.cuda.is_available() and nvfp4kv.library.has_cuda_kernels()
-pytestmark = pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and a build with the CUDA kernels")
-SMALL = os.environ.get("NVFP4KV_TEST_SMALL") == "1"
+pytestmark = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU and a build with the CUDA kernels")
 TESTS_DIR = Path(__file__).resolve().parent
-
-_API_PARAMETERS = inspect.signature(nvfp4kv.nvfp4_quantize_append_paged_kv_cache).parameters
-HAS_FORMATS = "v_sf_layout" in _API_PARAMETERS and "scale_search" in _API_PARAMETERS
 
 
 def append(case, **kwargs):
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args(), **kwargs)
 
 
-def assert_same_caches(a, b, what=""):
-    for name in ("paged_kv_cache", "kv_cache_sf"):
-        x, y = cache_bytes(getattr(a, name)), cache_bytes(getattr(b, name))
-        assert torch.equal(x, y), f"{what} {name}: {int((x != y).sum())} of {x.numel()} bytes differ"
+def cuda_tool(name: str):
+    """Path of a CUDA toolkit program (nvcc, cuobjdump): on PATH or in /usr/local/cuda/bin; None if neither."""
+    fallback = Path("/usr/local/cuda/bin") / name
+    return shutil.which(name) or (str(fallback) if fallback.exists() else None)
 
 
-def run_three(case, with_reference=True, **kwargs):
-    """The CUDA op, the CPU op and the reference on copies of one CPU case; all caches must agree."""
-    gpu, cpu = case.to("cuda"), case.cloned()
-    append(gpu, **kwargs)
-    append(cpu, **kwargs)
-    torch.cuda.synchronize()
-    assert_same_caches(gpu, cpu, "CUDA vs CPU:")
-    if with_reference:
-        ref = case.cloned()
-        reference.nvfp4_quantize_append_paged_kv_cache(*ref.args(), **kwargs)
-        assert_same_caches(cpu, ref, "CPU vs reference:")
-    return gpu
-
-
-def grid(full, small):
-    return small if SMALL else full
-
-
-# --- byte equality --------------------------------------------------------------------------------
-
-HEAD_DIMS = [16, 48, 64, 80, 128, 192, 256, 512]
-PAGE_SIZES = [1, 5, 16, 64]
-
-
-@pytest.mark.parametrize("head_dim", grid(HEAD_DIMS, [16, 48, 128]))
-@pytest.mark.parametrize("page_size", grid(PAGE_SIZES, [1, 16]))
-def test_head_dims_and_page_sizes(head_dim, page_size):
-    seed = HEAD_DIMS.index(head_dim) * 10 + PAGE_SIZES.index(page_size)
-    case = make_append_case(head_dim=head_dim, page_size=page_size, num_heads=2, seed=seed,
-                            max_tokens=3 * page_size + 2, layout="NHD" if seed % 2 else "HND")
-    run_three(case)
-
-
-@pytest.mark.parametrize("decode", [False, True])
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("stacked", [False, True])
-@pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_layouts_caches_dtypes_indices(layout, stacked, dtype, index_dtype, decode):
-    if SMALL and (stacked or index_dtype == torch.int64):
-        pytest.skip("small grid")
-    seed = hash((layout, stacked, str(dtype), str(index_dtype), decode)) % 1000
-    case = make_append_case(layout=layout, stacked=stacked, dtype=dtype, index_dtype=index_dtype, head_dim=128,
-                            num_heads=4, page_size=16, batch_size=6, decode=decode, seed=seed)
-    run_three(case)
-
-
-@pytest.mark.parametrize("stacked", [False, True])
-@pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_strided_inputs_and_cache_views(layout, stacked):
-    case = make_append_case(layout=layout, stacked=stacked, strided_input=True, strided_cache=True, head_dim=64,
-                            page_size=5, seed=7)
-    assert not case.append_key.is_contiguous()
-    run_three(case)
-
-
-def test_tuple_of_stacked_halves():
-    case = make_append_case(stacked=True, seed=11)
-    run_three(case.with_caches(case.paged_kv_cache.unbind(1), case.kv_cache_sf.unbind(1)))
-
-
-def test_mixed_index_dtypes():
-    case = make_append_case(decode=True, batch_size=5, seed=31)
-    run_three(case.__class__(**{**case.__dict__, "positions": case.positions.long(),
-                                "kv_indices": case.kv_indices.long()}))
-
-
-@pytest.mark.parametrize("head_dim,num_heads,batch_size,max_tokens,dtype", grid(
-    [(128, 8, 8, 1000, torch.bfloat16),   # > 2^16 blocks: the 2-blocks-per-thread prefill kernel
-     (48, 8, 24, 800, torch.float16),     # odd blocks per row: 1 block per thread
-     (256, 2, 12, 1000, torch.bfloat16),
-     (128, 8, 16, 2000, torch.bfloat16),  # > 2^19 blocks
-     (128, 2, 16, 1000, torch.float16)],  # 8 threads per row: the kernel without the shared index chain
-    [(128, 8, 8, 1000, torch.bfloat16)]))
-def test_large_prefill_kernels(head_dim, num_heads, batch_size, max_tokens, dtype):
-    case = make_append_case(head_dim=head_dim, num_heads=num_heads, page_size=16, batch_size=batch_size,
-                            max_tokens=max_tokens, dtype=dtype, seed=head_dim + batch_size)
-    blocks = case.append_key.shape[0] * num_heads * head_dim // 16
-    assert blocks > 1 << 16
-    run_three(case, with_reference=not SMALL and blocks < 1 << 19)
-
+# --- kernel modes and programmatic launch ------------------------------------------------------------
 
 def force_kernel_mode(mode: str) -> None:
     """The library's test hook (cpp/src/cuda/build_info.cpp): every aligned call runs `mode`."""
@@ -162,8 +75,7 @@ def test_every_forced_kernel_mode(forced_kernel_mode, options, kw):
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*gpu.args(), **options)
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*cpu.args(), **options)
     torch.cuda.synchronize()
-    for name in ("paged_kv_cache", "kv_cache_sf"):
-        assert torch.equal(cache_bytes(getattr(gpu, name)), cache_bytes(getattr(cpu, name))), name
+    assert_same_caches(gpu, cpu, f"mode {forced_kernel_mode}, {options}, {kw}:")
 
 
 def test_every_forced_kernel_mode_without_programmatic_launch():
@@ -196,150 +108,6 @@ def test_back_to_back_appends_keep_stream_order(decode):
         append(gpu_second)
     torch.cuda.synchronize()
     assert_same_caches(gpu_second, cpu_second, "after alternating appends:")
-
-
-@pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_decode_with_shuffled_requests(layout):
-    """nnz == batch_size but batch_indices[i] != i: the kernel's early kv_indptr load misses."""
-    case = make_append_case(decode=True, batch_size=12, layout=layout, seed=19)
-    perm = torch.randperm(12, generator=torch.Generator().manual_seed(1))
-    shuffled = case.__class__(**{**case.__dict__, "append_key": case.append_key[perm], "append_value":
-                                 case.append_value[perm], "batch_indices": case.batch_indices[perm],
-                                 "positions": case.positions[perm]})
-    run_three(shuffled)
-
-
-def _offset_copy(t, offset_elements):
-    """t copied into a fresh buffer at the given storage offset (a misaligned view of the same shape)."""
-    flat = torch.empty(t.numel() + offset_elements, dtype=t.dtype)
-    view = flat[offset_elements:].view(t.shape)
-    view.copy_(t)
-    return view
-
-
-def test_misaligned_inputs_and_caches():
-    """Inputs only 2-byte aligned and caches at odd byte offsets: the scalar-access kernel."""
-    case = make_append_case(head_dim=64, num_heads=2, page_size=4, seed=23)
-    moved = case.__class__(**{**case.__dict__, "append_key": _offset_copy(case.append_key, 1),
-                              "append_value": _offset_copy(case.append_value, 3),
-                              "paged_kv_cache": tuple(_offset_copy(c, 1) for c in case.paged_kv_cache),
-                              "kv_cache_sf": tuple(_offset_copy(c, 3) for c in case.kv_cache_sf)})
-    run_three(moved)
-
-
-def test_special_values_and_extreme_scales():
-    """NaN, +-inf, zeros, subnormals and huge values, with global scales far from the data."""
-    for seed, scale in enumerate([1e-30, 1e-6, None, 1e3, 3e30]):
-        case = make_append_case(head_dim=64, num_heads=4, batch_size=4, max_tokens=20, seed=40 + seed,
-                                dtype=torch.float16 if seed % 2 else torch.bfloat16, global_scale=scale)
-        key = case.append_key.view(-1)
-        g = torch.Generator().manual_seed(seed)
-        idx = torch.randperm(key.numel(), generator=g)
-        specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-7, -6e-8, 6e4, -6e4])
-        key[idx[:len(specials)]] = specials.to(key.dtype)
-        case.append_value.view(-1)[idx[:200]] = (torch.rand(200, generator=g) * 1e-3).to(key.dtype)
-        run_three(case)
-
-
-@pytest.mark.parametrize("scale", [1e-30, None, 3e30, 2.0 ** 121])
-def test_four_over_six_pair_kernel_with_extreme_scales(scale):
-    """The 4-over-6 pair kernel (a call of > 2^16 blocks per tensor) with special values in the rows and
-    global scales where its error estimates do not apply (s < 2^-60, s > 2^60: the exact sums for every
-    block) or where it hands the blocks to the codec (s >= 2^120): the CPU's bytes."""
-    case = make_append_case(head_dim=128, num_heads=8, batch_size=8, max_tokens=400, seed=70, global_scale=scale)
-    assert case.append_key.shape[0] * 8 * 128 // 16 > 1 << 16
-    g = torch.Generator().manual_seed(71)
-    key = case.append_key.view(-1)
-    idx = torch.randperm(key.numel(), generator=g)
-    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-7, -6e-8, 6e4, -6e4])
-    key[idx[:len(specials)]] = specials.to(key.dtype)
-    case.append_value[::7] = 0.0  # all-zero blocks among the rest
-    run_three(case, with_reference=not SMALL, scale_search="4over6")
-
-
-@pytest.mark.parametrize("kind", ["batch", "position", "indptr", "page"])
-def test_out_of_range_indices_are_skipped(kind):
-    """Device index data that points outside the cache is skipped exactly as on the CPU."""
-    case = make_append_case(batch_size=6, max_tokens=30, page_size=4, seed=50, index_dtype=torch.int64)
-    n = case.batch_indices.numel()
-    bad = {f: getattr(case, f).clone() for f in ("batch_indices", "positions", "kv_indptr", "kv_indices")}
-    if kind == "batch":
-        rows = bad["batch_indices"][::3]
-        rows.copy_(torch.tensor([-1, 6, 2**40, -2**62])[torch.arange(rows.numel()) % 4])
-    elif kind == "position":
-        rows = bad["positions"][::2]
-        rows.copy_(torch.tensor([-5, 2**31, 2**31 + 7, 10**6, 2**62])[torch.arange(rows.numel()) % 5])
-    elif kind == "indptr":
-        bad["kv_indptr"][2] = bad["kv_indptr"][3] + 1  # a decreasing range skips its request
-        bad["kv_indptr"][4] = -2**40
-    else:
-        pages = bad["kv_indices"][::2]
-        pages.copy_(torch.tensor([-1, 10**9])[torch.arange(pages.numel()) % 2])
-    run_three(case.__class__(**{**case.__dict__, **bad}))
-
-
-def test_device_scale_tensors():
-    """[1] float32 scale tensors read on the device give the bytes of the float scales; a bad one
-    (0, NaN, inf) leaves its tensor's rows untouched, as on the CPU."""
-    case = make_append_case(decode=True, batch_size=7, seed=61)
-    as_floats = case.to("cuda")
-    append(as_floats)
-    as_tensors = case.to("cuda")
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*as_tensors.args()[:9],
-                                                 torch.tensor([case.k_scale], device="cuda"),
-                                                 torch.tensor([case.v_scale], device="cuda"), case.kv_layout)
-    assert_same_caches(as_floats, as_tensors)
-    for bad in (0.0, float("nan"), float("inf"), -1.0):
-        gpu, cpu = case.to("cuda"), case.cloned()
-        for c, dev in ((gpu, "cuda"), (cpu, "cpu")):
-            nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*c.args()[:9], torch.tensor([bad], device=dev),
-                                                         torch.tensor([case.v_scale], device=dev), case.kv_layout)
-        torch.cuda.synchronize()
-        assert_same_caches(gpu, cpu, f"bad k_scale {bad}:")
-
-
-def test_slot_mapping_variant():
-    case = make_append_case(batch_size=5, max_tokens=40, page_size=16, seed=71)
-    rows, page, entry = reference.resolve_targets(case.batch_indices, case.positions, case.kv_indices,
-                                                  case.kv_indptr, case.kv_last_page_len,
-                                                  case.paged_kv_cache[0].shape[0], 16)
-    slots = torch.full((case.append_key.shape[0],), -1, dtype=torch.int64)
-    slots[rows] = page * 16 + entry
-    slots[::7] = -1  # padding
-    slots[1] = case.paged_kv_cache[0].shape[0] * 16  # past the cache: skipped
-    for index_dtype in (torch.int32, torch.int64):
-        gpu, cpu = case.to("cuda"), case.cloned()
-        for c, dev in ((gpu, "cuda"), (cpu, "cpu")):
-            nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-                c.append_key, c.append_value, slots[:-1].to(dev, index_dtype), c.paged_kv_cache, c.kv_cache_sf,
-                c.k_scale, c.v_scale, c.kv_layout)
-        torch.cuda.synchronize()
-        assert_same_caches(gpu, cpu)
-
-
-@pytest.mark.skipif(not HAS_FORMATS, reason="this build has no v_sf_layout / scale_search")
-@pytest.mark.parametrize("layout", ["NHD", "HND"])
-@pytest.mark.parametrize("v_sf_layout,scale_search", [("trtllm", "none"), ("linear", "4over6"),
-                                                      ("trtllm", "4over6")])
-def test_optional_formats(layout, v_sf_layout, scale_search):
-    for decode, head_dim, batch_size, max_tokens in [(True, 64, 5, 40), (False, 128, 3, 40),
-                                                     (False, 128, 4, 600)]:
-        case = make_append_case(layout=layout, head_dim=head_dim, page_size=16, batch_size=batch_size,
-                                max_tokens=max_tokens, decode=decode, num_heads=8, seed=head_dim + batch_size)
-        run_three(case, with_reference=max_tokens < 100, v_sf_layout=v_sf_layout, scale_search=scale_search)
-
-
-def test_dequantize_matches_cpu():
-    g = torch.Generator().manual_seed(5)
-    packed = torch.randint(0, 256, (3, 5, 64), dtype=torch.uint8, generator=g)
-    scales = torch.randint(0, 256, (3, 5, 8), dtype=torch.uint8, generator=g)
-    scales[0, 0, :3] = torch.tensor([0x7F, 0xFF, 0x00], dtype=torch.uint8)  # NaN, -NaN, 0
-    scales = scales.view(torch.float8_e4m3fn)
-    for p, s in ((packed, scales), (_offset_copy(packed, 3), _offset_copy(scales, 1))):
-        cpu = nvfp4kv.dequantize(p, s, 0.37)
-        gpu = nvfp4kv.dequantize(p.cuda(), s.cuda(), 0.37).cpu()
-        assert torch.equal(cpu.isnan(), gpu.isnan())
-        assert torch.equal(cpu.nan_to_num(123.0).view(torch.int32), gpu.nan_to_num(123.0).view(torch.int32))
 
 
 # --- the call path: stream, synchronisation, allocation ---------------------------------------------
@@ -567,11 +335,28 @@ def test_library_has_sass_for_every_promised_architecture():
     """The fat binary holds SASS for every real architecture of cmake/cuda_architectures.cmake."""
     promised = {a.split("-")[0] for a in nvfp4kv.library.cuda_architectures() if a.endswith("-real")}
     assert promised, nvfp4kv.library.cuda_architectures()
-    tool = shutil.which("cuobjdump") or next(
-        (str(p) for p in (Path("/usr/local/cuda/bin/cuobjdump"),) if p.exists()), None)
+    tool = cuda_tool("cuobjdump")
     if tool is None:
         pytest.skip("cuobjdump not found")
     listing = subprocess.run([tool, "--list-elf", str(nvfp4kv.library.library_path())], capture_output=True,
                              text=True, check=True).stdout
     found = set(re.findall(r"\.sm_(\d+)[a-z]?\.cubin", listing))
     assert promised <= found, listing
+
+
+# --- the exhaustive device codec check -------------------------------------------------------------
+
+def test_device_codec_check_passes(tmp_path):
+    """tests/gpu/codec_check.cu checks the device quantizer against the codec and the spec (every fp32,
+    millions of random blocks), built for this GPU's architecture by run_device.sh's build command."""
+    nvcc = cuda_tool("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    major, minor = torch.cuda.get_device_capability()
+    binary = tmp_path / "codec_check"
+    build = subprocess.run(["bash", str(TESTS_DIR / "gpu" / "build_codec_check.sh"), f"{major}{minor}", str(binary)],
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "NVCC": nvcc})
+    assert build.returncode == 0, build.stdout + build.stderr
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "codec_check: PASS" in result.stdout.splitlines(), result.stdout

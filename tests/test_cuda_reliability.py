@@ -7,8 +7,9 @@ import torch
 import nvfp4kv
 from nvfp4kv import reference
 from append_cases import cache_bytes, make_append_case
+from conftest import assert_same_caches, has_cuda
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU and a build with the CUDA kernels")
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -81,8 +82,7 @@ def test_two_streams_into_disjoint_pages_equal_sequential():
             for _ in range(20):  # repeat to overlap the two streams' kernels
                 nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args())
     torch.cuda.synchronize()
-    assert torch.equal(cache_bytes(first.paged_kv_cache), cache_bytes(sequential.paged_kv_cache))
-    assert torch.equal(cache_bytes(first.kv_cache_sf), cache_bytes(sequential.kv_cache_sf))
+    assert_same_caches(first, sequential)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second GPU")
@@ -92,7 +92,7 @@ def test_second_gpu(scale_search):
     large calls (the pair kernel) included; tensors on two GPUs are refused before anything is written."""
     small = make_append_case(seed=53, stacked=True)
     large = make_append_case(seed=54, head_dim=128, num_heads=8, batch_size=16, max_tokens=400)
-    for case in (small, large):
+    for size, case in (("small", small), ("large", large)):
         on_cpu, on_gpu1 = case.cloned(), case.cloned().to("cuda:1")
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*on_cpu.args(), scale_search=scale_search)
         with torch.cuda.device(0):  # the op must follow the tensors, not the current device
@@ -108,9 +108,8 @@ def test_second_gpu(scale_search):
                                                           on_gpu1.kv_last_page_len, case.k_scale, case.v_scale,
                                                           case.kv_layout)
         torch.cuda.synchronize(1)
-        for gpu, cpu in ((on_gpu1, on_cpu), (slotted_gpu1, slotted_cpu)):
-            for name in ("paged_kv_cache", "kv_cache_sf"):
-                assert torch.equal(cache_bytes(getattr(gpu, name)), cache_bytes(getattr(cpu, name))), name
+        for variant, gpu, cpu in (("page table", on_gpu1, on_cpu), ("slot mapping", slotted_gpu1, slotted_cpu)):
+            assert_same_caches(gpu, cpu, f"{size} case, {variant}:")
         assert read_back[0].device == torch.device("cuda:1")
         expected = nvfp4kv.dequantize_paged_kv_cache(on_cpu.paged_kv_cache, on_cpu.kv_cache_sf, on_cpu.kv_indices,
                                                      on_cpu.kv_indptr, on_cpu.kv_last_page_len, case.k_scale,

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 import nvfp4kv
 from nvfp4kv import reference
 from append_cases import cache_bytes, make_append_case
+from conftest import assert_append_matches, assert_same_caches, page_geometry
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 EXAMPLES = int(os.environ.get("NVFP4KV_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                 derandomize=False)
@@ -37,37 +37,24 @@ case_options = st.fixed_dictionaries({
 })
 
 
-def run_both(case, device):
-    ours, theirs = case.cloned().to(device), case.cloned()
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*ours.args())
-    reference.nvfp4_quantize_append_paged_kv_cache(*theirs.args())
-    for name in ("paged_kv_cache", "kv_cache_sf"):
-        a, b = cache_bytes(getattr(ours, name)), cache_bytes(getattr(theirs, name))
-        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} bytes differ"
-
-
 def has_duplicate_targets(case) -> bool:
-    page_size = (case.paged_kv_cache if isinstance(case.paged_kv_cache, torch.Tensor) else case.paged_kv_cache[0])
-    page_size, num_pages = (page_size.shape[2 if page_size.dim() == 5 else 1] if case.kv_layout == "NHD"
-                            else page_size.shape[3 if page_size.dim() == 5 else 2]), page_size.shape[0]
+    num_pages, page_size = page_geometry(case)
     _, page, entry = reference.resolve_targets(case.batch_indices, case.positions, case.kv_indices, case.kv_indptr,
                                                case.kv_last_page_len, num_pages, page_size, keep_duplicates=True)
     slots = page * page_size + entry
     return slots.unique().numel() != slots.numel()
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @FUZZ
 @given(options=case_options)
 def test_valid_inputs_match_the_reference(device, options):
-    run_both(make_append_case(**options), device)
+    assert_append_matches(make_append_case(**options), device)
 
 
 huge = 2**62
 bad_value = st.one_of(st.integers(-5, -1), st.integers(0, 200), st.sampled_from([2**31 - 1, -2**31, huge, -huge]))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @FUZZ
 @given(options=case_options, data=st.data())
 def test_corrupted_indices_write_only_the_valid_rows(device, options, data):
@@ -86,7 +73,7 @@ def test_corrupted_indices_write_only_the_valid_rows(device, options, data):
             assume(False)  # which of two rows wins one slot is unspecified on the GPU
         torch.set_num_threads(1)  # single-threaded CPU keeps the last, like the reference
     try:
-        run_both(case, device)
+        assert_append_matches(case, device)
     finally:
         torch.set_num_threads(os.cpu_count() or 1)
 
@@ -112,7 +99,6 @@ def _bad_metadata():
     ])
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @FUZZ
 @given(options=case_options, bad=_bad_metadata())
 def test_bad_metadata_raises_and_writes_nothing(device, options, bad):
@@ -136,7 +122,6 @@ def test_cpu_threads_calling_concurrently_are_safe():
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*c.args())
     concurrent = [c.cloned() for c in cases]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        list(pool.map(lambda c: nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*c.args()), concurrent * 1))
-    for a, b in zip(sequential, concurrent):
-        assert torch.equal(cache_bytes(a.paged_kv_cache), cache_bytes(b.paged_kv_cache))
-        assert torch.equal(cache_bytes(a.kv_cache_sf), cache_bytes(b.kv_cache_sf))
+        list(pool.map(lambda c: nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*c.args()), concurrent))
+    for seed, (a, b) in enumerate(zip(sequential, concurrent)):
+        assert_same_caches(a, b, f"seed {seed}:")

@@ -69,8 +69,8 @@ def test_e4m3_decoding_of_all_256_codes_matches_the_formula():
     for code in range(256):
         expected = e4m3_value_by_formula(code)
         if math.isnan(expected):
-            assert code in (0x7F, 0xFF)
-            assert math.isnan(decoded[code].item())
+            assert code in (0x7F, 0xFF), hex(code)
+            assert math.isnan(decoded[code].item()), hex(code)
         else:
             assert decoded[code].item() == expected, hex(code)
             assert math.copysign(1.0, decoded[code].item()) == math.copysign(1.0, expected), hex(code)
@@ -210,8 +210,8 @@ def test_e2m1_thresholds_through_quantize(sign):
         block = [6.0] + [sign * m for m, _ in chunk] + [0.0] * (15 - len(chunk))
         packed, scales = ref.quantize(torch.tensor(block, dtype=F32), 1.0)
         sign_bit = 0x8 if sign < 0 else 0x0
-        assert scale_bytes(scales) == [0x38]
-        assert codes_of(packed)[: 1 + len(chunk)] == [7] + [sign_bit | c for _, c in chunk]
+        assert scale_bytes(scales) == [0x38], f"chunk from {start}"
+        assert codes_of(packed)[: 1 + len(chunk)] == [7] + [sign_bit | c for _, c in chunk], f"chunk from {start}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -269,8 +269,8 @@ def test_a_nan_poisons_only_its_own_block():
     assert packed[8:16].tolist() == [0] * 8
     for block in (0, 2):  # neighbours are quantized as if alone
         alone_packed, alone_scales = ref.quantize(x[16 * block : 16 * block + 16], 0.25)
-        assert packed[8 * block : 8 * block + 8].tolist() == alone_packed.tolist()
-        assert scale_bytes(scales)[block] == scale_bytes(alone_scales)[0]
+        assert packed[8 * block : 8 * block + 8].tolist() == alone_packed.tolist(), f"block {block}"
+        assert scale_bytes(scales)[block] == scale_bytes(alone_scales)[0], f"block {block}"
     assert torch.isnan(ref.dequantize(packed, scales, 0.25)[16:32]).all()
 
 

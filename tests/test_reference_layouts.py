@@ -1,6 +1,7 @@
-"""Tests of the reference oracle's issue-7 options: the "trtllm" V-scale layout and 4-over-6 block scales.
+"""Tests of the reference oracle's optional formats: the "trtllm" V-scale layout and 4-over-6 block scales
+(SPEC extensions D and C).
 
-Expected values come from the issue's offset formula written out with Python loops, from hand arithmetic, and from
+Expected values come from SPEC's offset formula written out with Python loops, from hand arithmetic, and from
 a per-block implementation with numpy float32 scalars, element by element; never from the code under test.
 """
 
@@ -30,7 +31,7 @@ def random_bytes(shape, seed):
 
 
 def trtllm_by_offset_formula(linear: torch.Tensor, kv_layout: str) -> torch.Tensor:
-    """The issue's offset formula, one byte at a time.
+    """SPEC's offset formula (extension D), one byte at a time.
 
     HND: the byte of (t, j) goes to off(t, j) = 4*S*(t // 4) + 4*j + (t % 4) of the contiguous [T, S] tile.
     NHD: u = 4*j + (t % 4), row = 4*(t // 4) + u // S, col = u % S, stored at [page, row, h, col].
@@ -152,8 +153,8 @@ def e2m1_code(magnitude: np.float32) -> int:
 def quantize_block_by_hand(block: list, global_scale: float, scale_search: str, accumulate: str = "fp32"):
     """(scale code, 16 element codes) of one block, every step a numpy float32 scalar operation.
 
-    accumulate="fp32" is the issue's squared error; the others are the mistakes a kernel could make, to show that
-    test blocks tell them apart: "float64" (error summed in double), "reversed" (elements 15..0), "fused"
+    accumulate="fp32" is SPEC's squared error (extension C); the others are the mistakes a kernel could make, to show
+    that test blocks tell them apart: "float64" (error summed in double), "reversed" (elements 15..0), "fused"
     (acc = fma(d, d, acc): d * d + acc rounded once; exact here because d * d fits a double and the sum does too).
     """
     x = [np.float32(v) for v in block]
@@ -234,7 +235,7 @@ def test_4over6_nan_block_rule_still_applies():
     assert scale_bytes(scales)[1] == 0x7F and packed[8:16].tolist() == [0] * 8
     for block in (0, 2):
         alone = quantize_one(x[16 * block : 16 * block + 16].tolist(), global_scale=0.5)
-        assert (scale_bytes(scales)[block], codes_of(packed[8 * block : 8 * block + 8])) == alone
+        assert (scale_bytes(scales)[block], codes_of(packed[8 * block : 8 * block + 8])) == alone, f"block {block}"
 
 
 def test_4over6_infinite_block_keeps_sf6():
@@ -286,7 +287,7 @@ def test_4over6_random_blocks_match_the_per_block_implementation(global_scale, d
 
 
 # Near-tie blocks (s = 1, a = 6, so sf6 = 1.0 and sf4 = 1.5), found by a search over one element's float32 ulps:
-# on each, the issue's fp32 forward sum and at least one of a float64 sum, a reversed sum or a fused multiply-add
+# on each, SPEC's fp32 forward sum and at least one of a float64 sum, a reversed sum or a fused multiply-add
 # pick different scales.
 NEAR_TIE_BLOCKS = [  # float32 values in hex, 16 per block
     "0x1.800000p+2 0x1.1a8210p+2 0x1.bd95fcp+1 0x1.f5241ep+1 0x1.34a900p-2 0x1.4be112p+2 0x1.6765dcp+2 0x1.d0c1d0p-1"
@@ -320,12 +321,12 @@ def test_4over6_near_ties_follow_the_fp32_forward_sum():
     assert {0x38, 0x3C} == set(scale_bytes(scales))  # both scales are chosen among them
 
 
-def test_4over6_plain_recipe_of_the_per_block_implementation_matches_too():
-    # Validates the helper itself against the reference's SPEC recipe, which tests/test_reference.py covers.
+def test_plain_recipe_random_blocks_match_the_per_block_implementation():
+    # The reference's plain recipe (SPEC section 2) on random blocks of every kind, element by element.
     blocks = random_blocks(seed=13)[::4]
     packed, scales = ref.quantize(blocks, 0.7)
     for i, block in enumerate(blocks.tolist()):
-        assert (scale_bytes(scales)[i], codes_of(packed[i])) == quantize_block_by_hand(block, 0.7, "none")
+        assert (scale_bytes(scales)[i], codes_of(packed[i])) == quantize_block_by_hand(block, 0.7, "none"), i
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -407,7 +408,7 @@ def test_append_trtllm_4over6_writes_exactly_the_target_bytes(variant, form, kv_
     append(variant, kv_layout, key, value, arguments, v_sf_layout="trtllm", scale_search="4over6")
 
     # Expected bytes, one target at a time: packed data and K scales at their linear slots, V scales of (t, j)
-    # at the issue's offset formula inside the (page, head) tile.
+    # at SPEC's offset formula inside the (page, head) tile.
     expected_k, expected_v = (t.clone() for t in halves(poison_packed))
     expected_k_sf, expected_v_sf = (t.clone() for t in halves(poison_scales))
     differs_from_plain = [False, False]

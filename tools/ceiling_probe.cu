@@ -13,8 +13,7 @@
 //      over rotated sets, L2 flushed before each sample when they do not fill 4.5x L2.
 //
 // Ratios are to this program's own 2 GiB device-to-device copy and empty-kernel graph.
-// Build: nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90 --fmad=false --prec-div=true --ftz=false -Icpp/include -Icpp/src
-//        tests/gpu/ceiling_probe.cu -o ceiling_probe
+// Build and run from the repository root: tests/gpu/run_device.sh probe (its nvcc command).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "check_cuda.h"
+#include "../tests/gpu/check_cuda.h"
 #include "cuda/append_paged_kv_cache_kernel.cu"  // the op's own kernels and launcher
 #include "cuda/block_quantizer.cuh"
 #include "cuda/programmatic_launch.cuh"
@@ -191,7 +190,7 @@ struct PrefillCase {
   const char* name;
   int nnz;
   int head_dim;
-  double target;  // the issue's target, fraction of the copy ceiling
+  double target;  // the speed this case is meant to reach, as a fraction of the copy ceiling
 };
 
 void probe_stream(const PrefillCase& c, size_t l2_bytes, int sms, double ceiling_gbps, cudaStream_t s) {

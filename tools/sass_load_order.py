@@ -1,6 +1,6 @@
 """Where a kernel's first loads wait for each other, from its SASS (no GPU needed).
 
-    CUOBJDUMP=/path/to/cuobjdump python tests/gpu/sass_load_order.py OBJECT REGEX
+    CUOBJDUMP=/path/to/cuobjdump python tools/sass_load_order.py OBJECT REGEX
 
 For each kernel of OBJECT (a .o, .cubin or library with SASS) whose name matches REGEX, lists the
 global loads after the programmatic wait (ACQBULK) in program order and the first instruction that

@@ -46,7 +46,6 @@ def main() -> None:
     cache_sf = torch.zeros(num_pages, 2, *inner, head_dim // 16, dtype=torch.float8_e4m3fn, device=device)
     # Pages of the requests, shuffled over the cache as an allocator would leave them.
     kv_indices = torch.randperm(num_pages, device=device).to(torch.int32)
-    kv_indptr = torch.arange(0, num_pages + 1, pages_per_request, dtype=torch.int32, device=device)
 
     # Calibrated global scales: the largest block scale lands at the top of E4M3 (amax / (6 * 448)).
     history_k = torch.randn(batch, max_len, heads, head_dim, device=device, dtype=torch.bfloat16)

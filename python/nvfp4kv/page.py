@@ -65,10 +65,13 @@ def _cache_names(caches) -> Tuple[str, ...]:
     return _CACHE_NAMES if caches[1] is not None else ("paged_kv_cache", "", "kv_cache_sf", "")
 
 
-def _writable(op: str, caches) -> None:
-    """Outside inference mode torch refuses in-place writes to inference tensors, and so do the appends."""
-    if _inference_mode_enabled():
-        return
+def _any_inference(caches) -> bool:
+    """Whether a cache is an inference tensor while inference mode is off: torch refuses in-place writes to
+    those, and so do the appends (_refuse_inference)."""
+    return not _inference_mode_enabled() and any(c is not None and c.is_inference() for c in caches)
+
+
+def _refuse_inference(op: str, caches) -> None:
     for name, cache in zip(_cache_names(caches), caches):
         if cache is not None and cache.is_inference():
             raise RuntimeError(f"nvfp4kv.{op}: {name} is an inference tensor; an in-place update to an inference "
@@ -125,15 +128,20 @@ def nvfp4_quantize_append_paged_kv_cache(
     if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
             type(v_scale) is float and type(kv_layout) is str and len(paged_kv_cache) == 2 and \
             len(kv_cache_sf) == 2 and not debug_checks.ENABLED and not is_dynamo_compiling():
-        caches = (*paged_kv_cache, *kv_cache_sf)
-        _writable(_OP, caches)
+        k, v = paged_kv_cache
+        k_sf, v_sf = kv_cache_sf
+        caches = (k, v, k_sf, v_sf)
+        if not _inference_mode_enabled() and (k.is_inference() or v.is_inference() or k_sf.is_inference() or
+                                              v_sf.is_inference()):
+            _refuse_inference(_OP, caches)
         try:
             if v_sf_layout == "linear" and scale_search == "none":  # the schema's defaults: ~4% less to parse
-                _APPEND_OP(append_key, append_value, batch_indices, positions, *caches, kv_indices, kv_indptr,
-                           kv_last_page_len, k_scale, v_scale, kv_layout)
+                _APPEND_OP(append_key, append_value, batch_indices, positions, k, v, k_sf, v_sf, kv_indices,
+                           kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout)
             else:
-                _APPEND_OP(append_key, append_value, batch_indices, positions, *caches, kv_indices, kv_indptr,
-                           kv_last_page_len, k_scale, v_scale, kv_layout, None, None, v_sf_layout, scale_search)
+                _APPEND_OP(append_key, append_value, batch_indices, positions, k, v, k_sf, v_sf, kv_indices,
+                           kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout, None, None, v_sf_layout,
+                           scale_search)
         except (TypeError, RuntimeError):
             _check_append_types(append_key, append_value, batch_indices, positions, caches, kv_indices,
                                 kv_indptr, kv_last_page_len, kv_layout, v_sf_layout, scale_search)
@@ -154,7 +162,8 @@ def nvfp4_quantize_append_paged_kv_cache(
                 kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout,
                 scale_search)
         return
-    _writable(_OP, caches)
+    if _any_inference(caches):
+        _refuse_inference(_OP, caches)
     if debug_checks.ENABLED:
         debug_checks.check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf,
                                   kv_indices, kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor,
@@ -196,15 +205,19 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
             type(v_scale) is float and type(kv_layout) is str and len(paged_kv_cache) == 2 and \
             len(kv_cache_sf) == 2 and not debug_checks.ENABLED and not is_dynamo_compiling():
-        caches = (*paged_kv_cache, *kv_cache_sf)
-        _writable(_OP_WITH_SLOT_MAPPING, caches)
+        k, v = paged_kv_cache
+        k_sf, v_sf = kv_cache_sf
+        caches = (k, v, k_sf, v_sf)
+        if not _inference_mode_enabled() and (k.is_inference() or v.is_inference() or k_sf.is_inference() or
+                                              v_sf.is_inference()):
+            _refuse_inference(_OP_WITH_SLOT_MAPPING, caches)
         try:
             if v_sf_layout == "linear" and scale_search == "none":
-                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, *caches, k_scale, v_scale,
-                                             kv_layout)
+                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k, v, k_sf, v_sf, k_scale,
+                                             v_scale, kv_layout)
             else:
-                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, *caches, k_scale, v_scale,
-                                             kv_layout, None, None, v_sf_layout, scale_search)
+                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k, v, k_sf, v_sf, k_scale,
+                                             v_scale, kv_layout, None, None, v_sf_layout, scale_search)
         except (TypeError, RuntimeError):
             _check_slot_mapping_types(append_key, append_value, slot_mapping, caches, kv_layout, v_sf_layout,
                                       scale_search)
@@ -222,7 +235,8 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
         _APPEND_WITH_SLOT_MAPPING(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value,
                                   v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
         return
-    _writable(_OP_WITH_SLOT_MAPPING, caches)
+    if _any_inference(caches):
+        _refuse_inference(_OP_WITH_SLOT_MAPPING, caches)
     if debug_checks.ENABLED:
         debug_checks.check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf,
                                                     v_sf, k_value, v_value, kv_layout, k_tensor, v_tensor,

@@ -1,5 +1,6 @@
 // Exhaustive checks of the GPU quantization path against the codec and the spec (run on a GPU machine
-// by tests/gpu/run_device.sh; `--host` runs the host part, 2^32 values on one CPU core, ~40 s).
+// by tests/gpu/run_device.sh, stage `check`, and by tests/test_cuda.py::test_device_codec_check_passes;
+// `--host` runs the host part, 2^32 values on one CPU core, ~40 s).
 //
 //   1. codec::e2m1_code (the "code float" formulation, device-compiled) equals SPEC step 6 written
 //      literally, for every fp32 y; and the kernel's unsaturated path (|y| < 7) equals it too.
@@ -17,8 +18,7 @@
 //      a coarse grid (exact ties), with calibrated and arbitrary global scales, table variant (with the
 //      hoisted-reciprocal quotients) and direct variant.
 //
-// Build: nvcc -std=c++17 -O3 -arch=sm_90 --fmad=false --prec-div=true --ftz=false
-//        -Icpp/include -Icpp/src tests/gpu/codec_check.cu -o codec_check
+// Build: tests/gpu/build_codec_check.sh ARCH OUTPUT (ARCH 90 for sm_90).
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -5,16 +5,19 @@
 #
 #   install    pip-install the wheel carried in .carry/ (built elsewhere: pip wheel --no-build-isolation
 #              --no-deps -w .carry .), or build from source when there is none
-#   check      build and run tests/gpu/codec_check.cu (exhaustive device checks of the quantizer)
-#   test       pytest: tests/test_cuda.py and every other test module (CPU tests included; PYTEST_TARGETS
-#              narrows it, e.g. PYTEST_TARGETS=tests/test_cuda.py)
-#   sanitize   compute-sanitizer memcheck and racecheck over tests/test_cuda.py and the CUDA fuzz tests of
-#              tests/test_fuzz.py (NVFP4KV_FUZZ_EXAMPLES cases each; small grid, no
-#              torch.compile tests, no caching allocator so that every tensor is its own allocation);
-#              runs last, each tool under SANITIZE_TIMEOUT seconds (default 900)
+#   check      build (tests/gpu/build_codec_check.sh, for this GPU's architecture) and run
+#              tests/gpu/codec_check.cu (exhaustive device checks of the quantizer; the test stage runs it
+#              too, as tests/test_cuda.py::test_device_codec_check_passes)
+#   test       pytest: every test module, on the CPU and on CUDA (PYTEST_TARGETS narrows it, e.g.
+#              PYTEST_TARGETS=tests/test_cuda.py)
+#   sanitize   compute-sanitizer memcheck and racecheck over the CUDA tests of tests/test_append.py,
+#              tests/test_dequantize.py, tests/test_cuda.py and tests/test_fuzz.py (NVFP4KV_FUZZ_EXAMPLES
+#              cases each; small grid, no torch.compile tests, no codec check, no caching allocator so
+#              that every tensor is its own allocation); runs last, each tool under SANITIZE_TIMEOUT
+#              seconds (default 900)
 #   cuobjdump  the SASS/PTX listing of the installed library
 #   bench      python -m nvfp4kv.bench
-#   probe      build and run tests/gpu/ceiling_probe.cu: what a kernel that only moves each case's bytes
+#   probe      build and run tools/ceiling_probe.cu: what a kernel that only moves each case's bytes
 #              (prefill) or only follows decode's index chain reaches on this GPU (not in the default set)
 #
 # Logs, bench.json and bench.png go to $OUT (default ./device-out); a summary is printed last.
@@ -53,8 +56,9 @@ fi
 
 if has_stage check; then
   check() {
-    nvcc -std=c++17 -O3 -arch=sm_90 --fmad=false --prec-div=true --ftz=false -Icpp/include -Icpp/src \
-      tests/gpu/codec_check.cu -o /tmp/codec_check && /tmp/codec_check
+    local arch
+    arch=$($PY -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())') &&
+      tests/gpu/build_codec_check.sh "$arch" /tmp/codec_check && /tmp/codec_check
   }
   stage check "$OUT/codec_check.log" check
 fi
@@ -94,7 +98,7 @@ fi
 if has_stage probe; then
   probe() {
     nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90 --fmad=false --prec-div=true --ftz=false -Icpp/include -Icpp/src \
-      tests/gpu/ceiling_probe.cu -o /tmp/ceiling_probe && /tmp/ceiling_probe
+      tools/ceiling_probe.cu -o /tmp/ceiling_probe && /tmp/ceiling_probe
   }
   stage probe "$OUT/probe.log" probe
 fi
@@ -104,8 +108,9 @@ if has_stage sanitize; then
     local tool=$1
     NVFP4KV_TEST_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-900}" \
       compute-sanitizer --tool "$tool" --error-exitcode 7 \
-      --print-limit 20 $PY -m pytest tests/test_cuda.py tests/test_fuzz.py -q -p no:cacheprovider \
-      -k "not compiled and not first_call and not sass and not cpu"
+      --print-limit 20 $PY -m pytest tests/test_append.py tests/test_dequantize.py tests/test_cuda.py \
+      tests/test_fuzz.py -q -p no:cacheprovider \
+      -k "not compiled and not first_call and not sass and not codec_check and not cpu"
   }
   stage memcheck "$OUT/memcheck.log" sanitize memcheck
   stage racecheck "$OUT/racecheck.log" sanitize racecheck
