@@ -63,14 +63,19 @@ def _move(value, device, storages=None):
     return value
 
 
-def _copy_storage(t: torch.Tensor, device):
+def _copy_storage(t: torch.Tensor, device) -> torch.Tensor:
+    """Every byte of t's storage, as a flat uint8 tensor on `device`."""
     raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-    return raw.to(device, copy=True).untyped_storage()
+    return raw.to(device, copy=True)
 
 
-def _view_of(storage, like: torch.Tensor, device) -> torch.Tensor:
-    return torch.empty(0, dtype=like.dtype, device=device).set_(storage, like.storage_offset(), like.shape,
-                                                                 like.stride())
+def _view_of(flat: torch.Tensor, like: torch.Tensor, device) -> torch.Tensor:
+    """`like`'s view geometry over the bytes of `flat`: an ordinary view (as_strided of a dtype view), as
+    user code makes them; set_ only when the bytes do not divide into `like`'s elements."""
+    if flat.numel() % like.element_size() == 0:
+        return flat.view(like.dtype).as_strided(like.shape, like.stride(), like.storage_offset())
+    return torch.empty(0, dtype=like.dtype, device=device).set_(flat.untyped_storage(), like.storage_offset(),
+                                                                 like.shape, like.stride())
 
 
 def clone_cache(cache: Cache) -> Cache:

@@ -11,7 +11,7 @@ import nvfp4kv
 from nvfp4kv import reference
 import rounding_hazards
 from append_cases import cache_bytes, make_append_case
-from conftest import assert_append_matches, assert_same_caches, fake_tensor_error, page_geometry
+from conftest import assert_append_matches, assert_same_caches, compiled_error, page_geometry
 
 COMBOS = list(itertools.product(["NHD", "HND"], [False, True], ["linear", "trtllm"], ["none", "4over6"]))
 
@@ -141,7 +141,7 @@ def test_bad_layout_options(options, case_options, message):
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args(), **options)
     assert message in str(eager.value)
     assert torch.equal(cache_bytes(case.kv_cache_sf), before)
-    assert fake_tensor_error(nvfp4kv.nvfp4_quantize_append_paged_kv_cache, *case.args(), **options) == str(eager.value)
+    assert compiled_error(nvfp4kv.nvfp4_quantize_append_paged_kv_cache, *case.args(), **options) == str(eager.value)
 
 
 def test_trtllm_needs_equal_k_and_v_scale_strides():

@@ -13,7 +13,7 @@ import nvfp4kv
 from nvfp4kv import reference
 from nvfp4kv.fp4_quantization import e2m1_and_ufp8sf_scale_to_float
 from append_cases import cache_bytes, make_append_case
-from conftest import assert_same_caches, fake_tensor_error, has_cuda, page_geometry, seed_of
+from conftest import assert_same_caches, compiled_error, has_cuda, page_geometry, seed_of
 
 
 def slot_mapping_for(case, generator, padding=True, out_of_range=True, extra_rows=2):
@@ -139,7 +139,7 @@ def test_slot_mapping_bad_input(mutate, argument):
     message = str(eager.value)
     assert message.startswith(f"nvfp4kv.append_paged_kv_cache_with_slot_mapping: {argument} "), message
     assert torch.equal(cache_bytes(case.paged_kv_cache), before)
-    assert fake_tensor_error(nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping,
+    assert compiled_error(nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping,
                              *slot_args(bad_case, bad_slots)) == message
 
 

@@ -16,8 +16,6 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from . import fake
-
 # Read by the API on every call (a plain module attribute, the cheapest check).
 ENABLED = os.environ.get("NVFP4KV_DEBUG", "0") not in ("", "0", "false", "False")
 
@@ -49,7 +47,7 @@ def _fail(op: str, message: str) -> None:
 
 def _check_scale_tensors(op: str, k_scale_tensor: Optional[torch.Tensor], v_scale_tensor: Optional[torch.Tensor]):
     for name, tensor, rows in (("k_scale", k_scale_tensor, "K"), ("v_scale", v_scale_tensor, "V")):
-        if tensor is None:
+        if tensor is None or tensor.numel() != 1:  # a malformed scale tensor: the op names it
             continue
         value = float(tensor.reshape(-1)[0])
         if not (value > 0.0 and value != float("inf")):
@@ -58,11 +56,19 @@ def _check_scale_tensors(op: str, k_scale_tensor: Optional[torch.Tensor], v_scal
 
 
 def page_geometry(k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], kv_layout: str) -> Tuple[int, int]:
-    """(max_num_pages, page_size) of a tuple half or a stacked cache."""
-    entry_dim = 1 if kv_layout == "NHD" else 2
-    if v_cache is None:
-        entry_dim += 1
+    """(max_num_pages, page_size) of a tuple half or a stacked cache; (0, 0) when the cache is malformed
+    (the op's own checks then name the problem)."""
+    stacked = v_cache is None
+    if k_cache.dim() != (5 if stacked else 4) or kv_layout not in ("NHD", "HND"):
+        return 0, 0
+    entry_dim = (1 if kv_layout == "NHD" else 2) + int(stacked)
     return k_cache.shape[0], k_cache.shape[entry_dim]
+
+
+def _well_formed(*index_tensors: torch.Tensor) -> bool:
+    """Whether the index tensors are what the op takes (1-D int32/int64) and the geometry was read: the
+    debug checks read them on the host only then, and leave malformed calls to the op's named errors."""
+    return all(t.dim() == 1 and t.dtype in (torch.int32, torch.int64) for t in index_tensors)
 
 
 class _Targets:
@@ -84,6 +90,9 @@ def check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_pa
     """Every row of a page-table append, as the kernels would resolve it (append_params.h)."""
     op = _APPEND
     _refuse_during_capture(op)
+    if page_size <= 0 or not _well_formed(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len) or \
+            kv_indptr.shape[0] != kv_last_page_len.shape[0] + 1:
+        return
     _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
     batch = batch_indices.cpu().tolist()
     pos = positions.cpu().tolist()
@@ -117,6 +126,8 @@ def check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_pa
 def check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages: int, page_size: int) -> None:
     op = _APPEND_WITH_SLOT_MAPPING
     _refuse_during_capture(op)
+    if page_size <= 0 or not _well_formed(slot_mapping):
+        return
     _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
     targets = _Targets(op)
     for row, slot in enumerate(slot_mapping.cpu().tolist()):
@@ -130,9 +141,6 @@ def check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages: int
 def check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
                  kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout, k_scale_tensor=None,
                  v_scale_tensor=None, v_sf_layout="linear", scale_search="none") -> None:
-    fake.check_append_arguments(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
-                                v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout,
-                                k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
     check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_scale_tensor,
                      v_scale_tensor, *page_geometry(k_cache, v_cache, kv_layout))
 
@@ -140,9 +148,6 @@ def check_append(append_key, append_value, batch_indices, positions, k_cache, v_
 def check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf,
                                    v_cache_sf, k_scale, v_scale, kv_layout, k_scale_tensor=None,
                                    v_scale_tensor=None, v_sf_layout="linear", scale_search="none") -> None:
-    fake.check_append_with_slot_mapping_arguments(append_key, append_value, slot_mapping, k_cache, v_cache,
-                                                  k_cache_sf, v_cache_sf, k_scale, v_scale, kv_layout,
-                                                  k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search)
     check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, *page_geometry(k_cache, v_cache, kv_layout))
 
 

@@ -69,7 +69,8 @@ NVFP4KV_HOST_DEVICE float fp16_bits_to_float(uint16_t h) {
 }
 
 // Round a non-negative fp32 (or +inf) to float8_e4m3fn: nearest even, subnormals kept,
-// everything at or above 448 (including +inf) saturates to 448. Callers never pass NaN.
+// everything at or above 448 (including +inf) saturates to 448, and so does NaN (inf / inf, when a
+// block holding an infinity meets a 6 s that overflows).
 NVFP4KV_HOST_DEVICE uint8_t e4m3_from_nonnegative(float t) {
   if (!(t < kE4M3MaxValue)) return kE4M3Max;
   const uint32_t bits = float_bits(t);

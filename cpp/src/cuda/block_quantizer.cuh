@@ -79,12 +79,14 @@ __device__ __forceinline__ float block_abs_max(const uint32_t* w) {
 }
 
 // SPEC step 4: the E4M3 scale byte of t = a / (6 s) >= 0 (or +inf), nearest even, saturating at 448.
+// t is NaN only for a = inf when 6 s overflows to inf; it saturates too, as in the codec.
 __device__ __forceinline__ uint8_t scale_byte(float t) {
 #if __CUDA_ARCH__ >= 890
   // The hardware conversion rounds to nearest even, keeps subnormals and saturates (+inf -> 448):
-  // codec::e4m3_from_nonnegative bit for bit (tests/gpu/codec_check.cu checks every fp32).
+  // codec::e4m3_from_nonnegative bit for bit (tests/gpu/codec_check.cu checks every fp32). It turns
+  // NaN into the NaN byte, so fminf first (NaN -> 448; every other t converts as before).
   uint16_t pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(t));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(fminf(t, codec::kE4M3MaxValue)));
   return uint8_t(pair);
 #else
   return codec::e4m3_from_nonnegative(t);
