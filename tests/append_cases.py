@@ -32,9 +32,20 @@ class AppendCase:
     kv_layout: str
 
     def args(self) -> tuple:
-        return (self.append_key, self.append_value, self.batch_indices, self.positions, self.paged_kv_cache,
-                self.kv_cache_sf, self.kv_indices, self.kv_indptr, self.kv_last_page_len, self.k_scale,
-                self.v_scale, self.kv_layout)
+        return (
+            self.append_key,
+            self.append_value,
+            self.batch_indices,
+            self.positions,
+            self.paged_kv_cache,
+            self.kv_cache_sf,
+            self.kv_indices,
+            self.kv_indptr,
+            self.kv_last_page_len,
+            self.k_scale,
+            self.v_scale,
+            self.kv_layout,
+        )
 
     def with_caches(self, paged_kv_cache: Cache, kv_cache_sf: Cache) -> "AppendCase":
         return dataclasses.replace(self, paged_kv_cache=paged_kv_cache, kv_cache_sf=kv_cache_sf)
@@ -74,8 +85,9 @@ def _view_of(flat: torch.Tensor, like: torch.Tensor, device) -> torch.Tensor:
     user code makes them; set_ only when the bytes do not divide into `like`'s elements."""
     if flat.numel() % like.element_size() == 0:
         return flat.view(like.dtype).as_strided(like.shape, like.stride(), like.storage_offset())
-    return torch.empty(0, dtype=like.dtype, device=device).set_(flat.untyped_storage(), like.storage_offset(),
-                                                                 like.shape, like.stride())
+    return torch.empty(0, dtype=like.dtype, device=device).set_(
+        flat.untyped_storage(), like.storage_offset(), like.shape, like.stride()
+    )
 
 
 def clone_cache(cache: Cache) -> Cache:
@@ -99,14 +111,23 @@ def _random_bytes(shape, generator) -> torch.Tensor:
     return torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
 
 
-def _make_cache(num_pages: int, page_size: int, num_heads: int, width: int, layout: str, stacked: bool,
-                strided: bool, dtype: torch.dtype, generator) -> Cache:
+def _make_cache(
+    num_pages: int,
+    page_size: int,
+    num_heads: int,
+    width: int,
+    layout: str,
+    stacked: bool,
+    strided: bool,
+    dtype: torch.dtype,
+    generator,
+) -> Cache:
     inner = [page_size, num_heads] if layout == "NHD" else [num_heads, page_size]
     # Strided views: pad the head/entry dims and the last dim, then slice the padding away.
     pad_inner = [d + 1 for d in inner] if strided else inner
     pad_width = width + 8 if strided else width
     full = _random_bytes([num_pages, 2, *pad_inner, pad_width], generator).view(dtype)
-    view = full[:, :, :inner[0], :inner[1], :width]
+    view = full[:, :, : inner[0], : inner[1], :width]
     if stacked:
         return view
     return view[:, 0], view[:, 1]
@@ -133,8 +154,11 @@ def make_append_case(
     """A random CPU case; move it to another device with AppendCase.to (same bytes everywhere)."""
     g = torch.Generator().manual_seed(seed)
     seq_lens = torch.randint(1, max_tokens + 1, (batch_size,), generator=g)
-    appended = torch.ones_like(seq_lens) if decode else torch.minimum(
-        seq_lens, torch.randint(1, max_tokens + 1, (batch_size,), generator=g))
+    appended = (
+        torch.ones_like(seq_lens)
+        if decode
+        else torch.minimum(seq_lens, torch.randint(1, max_tokens + 1, (batch_size,), generator=g))
+    )
     pages_per_request = (seq_lens + page_size - 1) // page_size
     num_pages = int(pages_per_request.sum()) + extra_pages
     page_ids = torch.randperm(num_pages, generator=g)[: int(pages_per_request.sum())]
@@ -144,8 +168,9 @@ def make_append_case(
 
     batch_indices = torch.repeat_interleave(torch.arange(batch_size), appended)
     starts = seq_lens - appended
-    offsets = torch.arange(int(appended.sum())) - torch.repeat_interleave(torch.cumsum(appended, 0) - appended,
-                                                                          appended)
+    offsets = torch.arange(int(appended.sum())) - torch.repeat_interleave(
+        torch.cumsum(appended, 0) - appended, appended
+    )
     positions = starts[batch_indices] + offsets
     nnz = int(batch_indices.numel())
 
@@ -174,10 +199,12 @@ def make_append_case(
         append_value=value,
         batch_indices=to_index(batch_indices),
         positions=to_index(positions),
-        paged_kv_cache=_make_cache(num_pages, page_size, num_heads, head_dim // 2, layout, stacked, strided_cache,
-                                   torch.uint8, g),
-        kv_cache_sf=_make_cache(num_pages, page_size, num_heads, head_dim // 16, layout, stacked, strided_cache,
-                                torch.float8_e4m3fn, g),
+        paged_kv_cache=_make_cache(
+            num_pages, page_size, num_heads, head_dim // 2, layout, stacked, strided_cache, torch.uint8, g
+        ),
+        kv_cache_sf=_make_cache(
+            num_pages, page_size, num_heads, head_dim // 16, layout, stacked, strided_cache, torch.float8_e4m3fn, g
+        ),
         kv_indices=to_index(page_ids),
         kv_indptr=to_index(kv_indptr),
         kv_last_page_len=to_index(kv_last_page_len),

@@ -85,8 +85,12 @@ def assert_append_matches(case, device: str, what: str = "", reference_on_cuda: 
 def _separate(value):
     """A (K, V) tuple of two views of one storage as two separate copies (same strides): caches sharing
     a storage are refused under compile, whatever else is wrong."""
-    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(t, torch.Tensor) for t in value) and \
-            torch._C._is_alias_of(value[0], value[1]):
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(t, torch.Tensor) for t in value)
+        and torch._C._is_alias_of(value[0], value[1])
+    ):
         return tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) for t in value)
     return value
 

@@ -9,6 +9,7 @@ from typing import List, Tuple
 import torch
 
 import nvfp4kv  # noqa: F401  (registers the ops and their fake implementations)
+
 from append_cases import make_append_case
 
 
@@ -24,13 +25,36 @@ class AppendAndDequantize(torch.nn.Module):
         self.v_scale = v_scale
         self.kv_layout = kv_layout
 
-    def forward(self, append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
-                positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_cache_sf: torch.Tensor,
-                v_cache_sf: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
-                kv_last_page_len: torch.Tensor) -> torch.Tensor:
-        torch.ops.nvfp4kv.append_paged_kv_cache(append_key, append_value, batch_indices, positions, k_cache, v_cache,
-                                                k_cache_sf, v_cache_sf, kv_indices, kv_indptr, kv_last_page_len,
-                                                self.k_scale, self.v_scale, self.kv_layout)
+    def forward(
+        self,
+        append_key: torch.Tensor,
+        append_value: torch.Tensor,
+        batch_indices: torch.Tensor,
+        positions: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k_cache_sf: torch.Tensor,
+        v_cache_sf: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        kv_last_page_len: torch.Tensor,
+    ) -> torch.Tensor:
+        torch.ops.nvfp4kv.append_paged_kv_cache(
+            append_key,
+            append_value,
+            batch_indices,
+            positions,
+            k_cache,
+            v_cache,
+            k_cache_sf,
+            v_cache_sf,
+            kv_indices,
+            kv_indptr,
+            kv_last_page_len,
+            self.k_scale,
+            self.v_scale,
+            self.kv_layout,
+        )
         return torch.ops.nvfp4kv.dequantize(k_cache, k_cache_sf, self.k_scale)
 
 
@@ -44,8 +68,19 @@ def make_inputs(layout: str, seed: int) -> Tuple[AppendAndDequantize, List[torch
     case = make_append_case(layout=layout, seed=seed, head_dim=64, num_heads=4, batch_size=3)
     k_cache, v_cache = (c.contiguous() for c in case.paged_kv_cache)
     k_cache_sf, v_cache_sf = (c.contiguous() for c in case.kv_cache_sf)
-    inputs = [case.append_key, case.append_value, case.batch_indices, case.positions, k_cache, v_cache, k_cache_sf,
-              v_cache_sf, case.kv_indices, case.kv_indptr, case.kv_last_page_len]
+    inputs = [
+        case.append_key,
+        case.append_value,
+        case.batch_indices,
+        case.positions,
+        k_cache,
+        v_cache,
+        k_cache_sf,
+        v_cache_sf,
+        case.kv_indices,
+        case.kv_indptr,
+        case.kv_last_page_len,
+    ]
     return AppendAndDequantize(case.k_scale, case.v_scale, layout), inputs
 
 

@@ -44,8 +44,8 @@ def reciprocal(scale_byte: int, s: float) -> float:
 
 @dataclass
 class Hazard:
-    s: float             # global scale
-    scale_byte: int      # the E4M3 byte whose reciprocal is r
+    s: float  # global scale
+    scale_byte: int  # the E4M3 byte whose reciprocal is r
     r: float
     inputs: List[float]  # x with e2m1_code(RN(x r)) != e2m1_code(x r)
 

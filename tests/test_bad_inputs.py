@@ -9,10 +9,11 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import compiled_error
 
 import nvfp4kv
+
 from append_cases import cache_bytes, make_append_case
-from conftest import compiled_error
 
 
 def base_case(**overrides):
@@ -21,24 +22,35 @@ def base_case(**overrides):
     options.update(overrides)
     case = make_append_case(**options)
     if isinstance(case.paged_kv_cache, tuple):
-        case = case.with_caches(tuple(t.clone() for t in case.paged_kv_cache),
-                                tuple(t.clone() for t in case.kv_cache_sf))
+        case = case.with_caches(
+            tuple(t.clone() for t in case.paged_kv_cache), tuple(t.clone() for t in case.kv_cache_sf)
+        )
     return case
 
 
 def shares_storage(case) -> bool:
     """Whether a cache shares its storage with another cache or argument (refused under compile)."""
-    tensors = [t for value in case.args() for t in (value if isinstance(value, tuple) else (value,))
-               if isinstance(t, torch.Tensor)]
-    caches = [t for value in (case.paged_kv_cache, case.kv_cache_sf)
-              for t in (value if isinstance(value, tuple) else (value,))]
+    tensors = [
+        t
+        for value in case.args()
+        for t in (value if isinstance(value, tuple) else (value,))
+        if isinstance(t, torch.Tensor)
+    ]
+    caches = [
+        t
+        for value in (case.paged_kv_cache, case.kv_cache_sf)
+        for t in (value if isinstance(value, tuple) else (value,))
+    ]
     return any(torch._C._is_alias_of(c, t) for c in caches for t in tensors if t is not c)
 
 
 def expanded(case) -> bool:
     """Whether a cache has a stride-0 dim of size > 1 (torch's compiler refuses to write it)."""
-    caches = [t for value in (case.paged_kv_cache, case.kv_cache_sf)
-              for t in (value if isinstance(value, tuple) else (value,))]
+    caches = [
+        t
+        for value in (case.paged_kv_cache, case.kv_cache_sf)
+        for t in (value if isinstance(value, tuple) else (value,))
+    ]
     return any(size > 1 and stride == 0 for c in caches for size, stride in zip(c.shape, c.stride()))
 
 
@@ -64,13 +76,27 @@ CASES = [
     ("key_rank_4", edit(append_key=lambda c: c.append_key[None]), "append_key", {}),
     ("value_heads_mismatch", edit(append_value=lambda c: c.append_value[:, :2]), "append_value", {}),
     ("value_nnz_mismatch", edit(append_value=lambda c: c.append_value[:-1]), "append_value", {}),
-    ("head_dim_not_multiple_of_16", edit(append_key=lambda c: c.append_key[..., :40].contiguous(),
-                                         append_value=lambda c: c.append_value[..., :40].contiguous()),
-     "append_key", {}),
-    ("key_last_dim_strided", edit(append_key=lambda c: torch.repeat_interleave(c.append_key, 2, -1)[..., ::2]),
-     "append_key", {}),
-    ("value_last_dim_strided",
-     edit(append_value=lambda c: torch.repeat_interleave(c.append_value, 2, -1)[..., ::2]), "append_value", {}),
+    (
+        "head_dim_not_multiple_of_16",
+        edit(
+            append_key=lambda c: c.append_key[..., :40].contiguous(),
+            append_value=lambda c: c.append_value[..., :40].contiguous(),
+        ),
+        "append_key",
+        {},
+    ),
+    (
+        "key_last_dim_strided",
+        edit(append_key=lambda c: torch.repeat_interleave(c.append_key, 2, -1)[..., ::2]),
+        "append_key",
+        {},
+    ),
+    (
+        "value_last_dim_strided",
+        edit(append_value=lambda c: torch.repeat_interleave(c.append_value, 2, -1)[..., ::2]),
+        "append_value",
+        {},
+    ),
     ("batch_indices_float", edit(batch_indices=lambda c: c.batch_indices.float()), "batch_indices", {}),
     ("positions_int16", edit(positions=lambda c: c.positions.to(torch.int16)), "positions", {}),
     ("batch_indices_2d", edit(batch_indices=lambda c: c.batch_indices[None]), "batch_indices", {}),
@@ -79,44 +105,116 @@ CASES = [
     ("kv_indices_float", edit(kv_indices=lambda c: c.kv_indices.double()), "kv_indices", {}),
     ("kv_indptr_2d", edit(kv_indptr=lambda c: c.kv_indptr[None]), "kv_indptr", {}),
     ("kv_indptr_vs_batch_size", edit(kv_indptr=lambda c: c.kv_indptr[:-1]), "kv_indptr", {}),
-    ("kv_last_page_len_dtype", edit(kv_last_page_len=lambda c: c.kv_last_page_len.to(torch.uint8)),
-     "kv_last_page_len", {}),
-    ("k_cache_dtype", edit(paged_kv_cache=lambda c: with_k(c.paged_kv_cache, c.paged_kv_cache[0].view(torch.int8))),
-     "paged_kv_cache[0]", {}),
-    ("v_cache_dtype", edit(paged_kv_cache=lambda c: with_v(c.paged_kv_cache, c.paged_kv_cache[1].view(torch.int8))),
-     "paged_kv_cache[1]", {}),
-    ("sf_dtype_uint8", edit(kv_cache_sf=lambda c: with_k(c.kv_cache_sf, c.kv_cache_sf[0].view(torch.uint8))),
-     "kv_cache_sf[0]", {}),
-    ("k_cache_rank_3", edit(paged_kv_cache=lambda c: with_k(c.paged_kv_cache, c.paged_kv_cache[0][0])),
-     "paged_kv_cache[0]", {}),
-    ("k_cache_heads_mismatch", edit(paged_kv_cache=lambda c: with_k(c.paged_kv_cache, c.paged_kv_cache[0][:, :, :2])),
-     "paged_kv_cache[0]", {}),
-    ("k_cache_width_mismatch", edit(paged_kv_cache=lambda c: with_k(c.paged_kv_cache, c.paged_kv_cache[0][..., :16])),
-     "paged_kv_cache[0]", {}),
-    ("v_cache_pages_mismatch", edit(paged_kv_cache=lambda c: with_v(c.paged_kv_cache, c.paged_kv_cache[1][:-1])),
-     "paged_kv_cache[1]", {}),
-    ("v_cache_page_size_mismatch",
-     edit(paged_kv_cache=lambda c: with_v(c.paged_kv_cache, c.paged_kv_cache[1][:, :-1])), "paged_kv_cache[1]", {}),
-    ("sf_width_mismatch", edit(kv_cache_sf=lambda c: with_v(c.kv_cache_sf, c.kv_cache_sf[1][..., :2])),
-     "kv_cache_sf[1]", {}),
-    ("sf_page_size_mismatch", edit(kv_cache_sf=lambda c: with_k(c.kv_cache_sf, c.kv_cache_sf[0][:, :-1])),
-     "kv_cache_sf[0]", {}),
-    ("sf_pages_mismatch", edit(kv_cache_sf=lambda c: with_k(c.kv_cache_sf, c.kv_cache_sf[0][:-1])),
-     "kv_cache_sf[0]", {}),
-    ("cache_last_dim_strided",
-     edit(paged_kv_cache=lambda c: with_k(c.paged_kv_cache,
-                                          torch.repeat_interleave(c.paged_kv_cache[0], 2, -1)[..., ::2])),
-     "paged_kv_cache[0]", {}),
-    ("cache_page_size_zero",
-     edit(paged_kv_cache=lambda c: tuple(t[:, :0] for t in c.paged_kv_cache),
-          kv_cache_sf=lambda c: tuple(t[:, :0] for t in c.kv_cache_sf)), "paged_kv_cache[0]", {}),
-    ("stacked_dim1_not_2", edit(paged_kv_cache=lambda c: torch.cat([c.paged_kv_cache, c.paged_kv_cache[:, :1]], 1)),
-     "paged_kv_cache", {"stacked": True}),
+    (
+        "kv_last_page_len_dtype",
+        edit(kv_last_page_len=lambda c: c.kv_last_page_len.to(torch.uint8)),
+        "kv_last_page_len",
+        {},
+    ),
+    (
+        "k_cache_dtype",
+        edit(paged_kv_cache=lambda c: with_k(c.paged_kv_cache, c.paged_kv_cache[0].view(torch.int8))),
+        "paged_kv_cache[0]",
+        {},
+    ),
+    (
+        "v_cache_dtype",
+        edit(paged_kv_cache=lambda c: with_v(c.paged_kv_cache, c.paged_kv_cache[1].view(torch.int8))),
+        "paged_kv_cache[1]",
+        {},
+    ),
+    (
+        "sf_dtype_uint8",
+        edit(kv_cache_sf=lambda c: with_k(c.kv_cache_sf, c.kv_cache_sf[0].view(torch.uint8))),
+        "kv_cache_sf[0]",
+        {},
+    ),
+    (
+        "k_cache_rank_3",
+        edit(paged_kv_cache=lambda c: with_k(c.paged_kv_cache, c.paged_kv_cache[0][0])),
+        "paged_kv_cache[0]",
+        {},
+    ),
+    (
+        "k_cache_heads_mismatch",
+        edit(paged_kv_cache=lambda c: with_k(c.paged_kv_cache, c.paged_kv_cache[0][:, :, :2])),
+        "paged_kv_cache[0]",
+        {},
+    ),
+    (
+        "k_cache_width_mismatch",
+        edit(paged_kv_cache=lambda c: with_k(c.paged_kv_cache, c.paged_kv_cache[0][..., :16])),
+        "paged_kv_cache[0]",
+        {},
+    ),
+    (
+        "v_cache_pages_mismatch",
+        edit(paged_kv_cache=lambda c: with_v(c.paged_kv_cache, c.paged_kv_cache[1][:-1])),
+        "paged_kv_cache[1]",
+        {},
+    ),
+    (
+        "v_cache_page_size_mismatch",
+        edit(paged_kv_cache=lambda c: with_v(c.paged_kv_cache, c.paged_kv_cache[1][:, :-1])),
+        "paged_kv_cache[1]",
+        {},
+    ),
+    (
+        "sf_width_mismatch",
+        edit(kv_cache_sf=lambda c: with_v(c.kv_cache_sf, c.kv_cache_sf[1][..., :2])),
+        "kv_cache_sf[1]",
+        {},
+    ),
+    (
+        "sf_page_size_mismatch",
+        edit(kv_cache_sf=lambda c: with_k(c.kv_cache_sf, c.kv_cache_sf[0][:, :-1])),
+        "kv_cache_sf[0]",
+        {},
+    ),
+    (
+        "sf_pages_mismatch",
+        edit(kv_cache_sf=lambda c: with_k(c.kv_cache_sf, c.kv_cache_sf[0][:-1])),
+        "kv_cache_sf[0]",
+        {},
+    ),
+    (
+        "cache_last_dim_strided",
+        edit(
+            paged_kv_cache=lambda c: with_k(
+                c.paged_kv_cache, torch.repeat_interleave(c.paged_kv_cache[0], 2, -1)[..., ::2]
+            )
+        ),
+        "paged_kv_cache[0]",
+        {},
+    ),
+    (
+        "cache_page_size_zero",
+        edit(
+            paged_kv_cache=lambda c: tuple(t[:, :0] for t in c.paged_kv_cache),
+            kv_cache_sf=lambda c: tuple(t[:, :0] for t in c.kv_cache_sf),
+        ),
+        "paged_kv_cache[0]",
+        {},
+    ),
+    (
+        "stacked_dim1_not_2",
+        edit(paged_kv_cache=lambda c: torch.cat([c.paged_kv_cache, c.paged_kv_cache[:, :1]], 1)),
+        "paged_kv_cache",
+        {"stacked": True},
+    ),
     ("stacked_rank_4", edit(kv_cache_sf=lambda c: c.kv_cache_sf[:, 0]), "kv_cache_sf", {"stacked": True}),
-    ("stacked_dtype", edit(paged_kv_cache=lambda c: c.paged_kv_cache.view(torch.float8_e4m3fn)), "paged_kv_cache",
-     {"stacked": True}),
-    ("stacked_heads_mismatch", edit(paged_kv_cache=lambda c: c.paged_kv_cache[:, :, :, :1]), "paged_kv_cache",
-     {"stacked": True}),
+    (
+        "stacked_dtype",
+        edit(paged_kv_cache=lambda c: c.paged_kv_cache.view(torch.float8_e4m3fn)),
+        "paged_kv_cache",
+        {"stacked": True},
+    ),
+    (
+        "stacked_heads_mismatch",
+        edit(paged_kv_cache=lambda c: c.paged_kv_cache[:, :, :, :1]),
+        "paged_kv_cache",
+        {"stacked": True},
+    ),
     ("hnd_cache_with_nhd_layout", edit(kv_layout=lambda c: "NHD"), "paged_kv_cache[0]", {"layout": "HND"}),
     ("layout_string", edit(kv_layout=lambda c: "NDH"), "kv_layout", {}),
     ("layout_lowercase", edit(kv_layout=lambda c: "nhd"), "kv_layout", {}),
@@ -127,14 +225,32 @@ CASES = [
     ("v_scale_nan", edit(v_scale=lambda c: float("nan")), "v_scale", {}),
     ("v_scale_overflows_fp32", edit(v_scale=lambda c: 1e39), "v_scale", {}),
     # Aliasing: what the op writes must not overlap itself, each other or anything it reads.
-    ("k_cache_is_v_cache", edit(paged_kv_cache=lambda c: (c.paged_kv_cache[0], c.paged_kv_cache[0])),
-     "paged_kv_cache[1]", {}),
-    ("k_cache_overlaps_v_cache", edit(paged_kv_cache=lambda c: shifted_pair(c.paged_kv_cache)), "paged_kv_cache[1]",
-     {}),
-    ("v_cache_expanded", edit(paged_kv_cache=lambda c: with_v(c.paged_kv_cache, c.paged_kv_cache[1][:1].expand(
-        c.paged_kv_cache[1].shape))), "paged_kv_cache[1]", {}),
-    ("stacked_dim1_expanded", edit(paged_kv_cache=lambda c: c.paged_kv_cache[:, :1].expand(c.paged_kv_cache.shape)),
-     "paged_kv_cache", {"stacked": True}),
+    (
+        "k_cache_is_v_cache",
+        edit(paged_kv_cache=lambda c: (c.paged_kv_cache[0], c.paged_kv_cache[0])),
+        "paged_kv_cache[1]",
+        {},
+    ),
+    (
+        "k_cache_overlaps_v_cache",
+        edit(paged_kv_cache=lambda c: shifted_pair(c.paged_kv_cache)),
+        "paged_kv_cache[1]",
+        {},
+    ),
+    (
+        "v_cache_expanded",
+        edit(
+            paged_kv_cache=lambda c: with_v(c.paged_kv_cache, c.paged_kv_cache[1][:1].expand(c.paged_kv_cache[1].shape))
+        ),
+        "paged_kv_cache[1]",
+        {},
+    ),
+    (
+        "stacked_dim1_expanded",
+        edit(paged_kv_cache=lambda c: c.paged_kv_cache[:, :1].expand(c.paged_kv_cache.shape)),
+        "paged_kv_cache",
+        {"stacked": True},
+    ),
     ("scales_overlap_data", lambda c: stored_in(c, "kv_cache_sf", 0, "paged_kv_cache", 0), "kv_cache_sf[0]", {}),
     ("key_inside_cache", lambda c: stored_in(c, "append_key", None, "paged_kv_cache", 1), "append_key", {}),
     ("kv_indices_inside_cache", lambda c: stored_in(c, "kv_indices", None, "paged_kv_cache", 0), "kv_indices", {}),
@@ -160,7 +276,7 @@ def stored_in(case, field, index, cache_field, cache_index):
     buffer = torch.empty(cache_bytes_ + tensor_bytes, dtype=torch.uint8)
     caches[cache_index] = buffer[:cache_bytes_].view(cache.dtype).view(cache.shape).copy_(cache)
     start = cache_bytes_ - 16
-    moved = buffer[start:start + tensor_bytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+    moved = buffer[start : start + tensor_bytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
     if index is not None:
         moved = tuple(moved if i == index else v for i, v in enumerate(value))
     return dataclasses.replace(case, **{cache_field: tuple(caches), field: moved})
@@ -203,8 +319,9 @@ def test_device_mismatch_is_named():
 def test_cache_structure_is_named(bad):
     case = base_case()
     with pytest.raises(TypeError, match="paged_kv_cache must be a tensor or a \\(K, V\\) tuple"):
-        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*dataclasses.replace(case, paged_kv_cache=bad(
-            case.paged_kv_cache)).args())
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+            *dataclasses.replace(case, paged_kv_cache=bad(case.paged_kv_cache)).args()
+        )
 
 
 DEQUANTIZE_CASES = [

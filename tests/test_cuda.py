@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_same_caches, has_cuda
 
 import nvfp4kv
+
 from append_cases import clone_cache, make_append_case
-from conftest import assert_same_caches, has_cuda
 
 pytestmark = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU and a build with the CUDA kernels")
 TESTS_DIR = Path(__file__).resolve().parent
@@ -39,6 +40,7 @@ def cuda_tool(name: str):
 
 # --- kernel modes and programmatic launch ------------------------------------------------------------
 
+
 def force_kernel_mode(mode: str) -> None:
     """The library's test hook (cpp/src/cuda/build_info.cpp): every aligned call runs `mode`."""
     hook = ctypes.CDLL(str(nvfp4kv.library.library_path())).nvfp4kv_test_force_kernel_mode
@@ -52,10 +54,13 @@ def forced_kernel_mode(request):
     force_kernel_mode("auto")
 
 
-FORCED_MODE_CASES = (dict(decode=True, batch_size=9), dict(batch_size=4, max_tokens=300),
-                     dict(batch_size=3, head_dim=48, max_tokens=200, layout="HND"),
-                     dict(batch_size=3, head_dim=64, num_heads=1, max_tokens=200, stacked=True),
-                     dict(batch_size=8, num_heads=8, head_dim=128, max_tokens=400, seed=8))
+FORCED_MODE_CASES = (
+    dict(decode=True, batch_size=9),
+    dict(batch_size=4, max_tokens=300),
+    dict(batch_size=3, head_dim=48, max_tokens=200, layout="HND"),
+    dict(batch_size=3, head_dim=64, num_heads=1, max_tokens=200, stacked=True),
+    dict(batch_size=8, num_heads=8, head_dim=128, max_tokens=400, seed=8),
+)
 FORMATS = ({}, dict(scale_search="4over6"), dict(v_sf_layout="trtllm", scale_search="4over6"))
 
 
@@ -81,9 +86,23 @@ def test_every_forced_kernel_mode(forced_kernel_mode, options, kw):
 def test_every_forced_kernel_mode_without_programmatic_launch():
     """NVFP4KV_PDL=0 (read once per process) launches plainly: the same bytes, in a fresh process."""
     env = {**os.environ, "NVFP4KV_PDL": "0"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                             f"{__file__}::test_every_forced_kernel_mode"], capture_output=True, text=True,
-                            timeout=600, env=env, cwd=TESTS_DIR.parent)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            f"{__file__}::test_every_forced_kernel_mode",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=TESTS_DIR.parent,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -95,8 +114,10 @@ def test_back_to_back_appends_keep_stream_order(decode):
     kw = dict(decode=True, batch_size=64) if decode else dict(batch_size=6, max_tokens=600)
     first = make_append_case(num_heads=8, head_dim=128, seed=61, **kw)
     g = torch.Generator().manual_seed(62)
-    second_values = dict(append_key=torch.randn(first.append_key.shape, generator=g).to(first.append_key.dtype),
-                         append_value=torch.randn(first.append_value.shape, generator=g).to(first.append_value.dtype))
+    second_values = dict(
+        append_key=torch.randn(first.append_key.shape, generator=g).to(first.append_key.dtype),
+        append_value=torch.randn(first.append_value.shape, generator=g).to(first.append_value.dtype),
+    )
     cpu = first.cloned()
     append(cpu)
     cpu_second = cpu.__class__(**{**cpu.__dict__, **second_values})
@@ -112,13 +133,15 @@ def test_back_to_back_appends_keep_stream_order(decode):
 
 # --- the call path: stream, synchronisation, allocation ---------------------------------------------
 
+
 def test_runs_on_the_current_stream():
     """New inputs written on a side stream behind a long sleep must be seen: the op is ordered after them."""
     case = make_append_case(decode=True, batch_size=4, seed=81)
     fresh = make_append_case(decode=True, batch_size=4, seed=82)
     gpu, expected = case.to("cuda"), case.cloned()
-    expected = expected.__class__(**{**expected.__dict__, "append_key": fresh.append_key,
-                                     "append_value": fresh.append_value})
+    expected = expected.__class__(
+        **{**expected.__dict__, "append_key": fresh.append_key, "append_value": fresh.append_value}
+    )
     append(expected)
     new_key, new_value = fresh.append_key.cuda(), fresh.append_value.cuda()
     torch.cuda.synchronize()
@@ -142,8 +165,14 @@ def test_no_synchronisation_and_no_allocation():
         append(case)
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args()[:9], k_scale, case.v_scale, case.kv_layout)
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-            slot_case.append_key, slot_case.append_value, slots, slot_case.paged_kv_cache, slot_case.kv_cache_sf,
-            slot_case.k_scale, slot_case.v_scale)
+            slot_case.append_key,
+            slot_case.append_value,
+            slots,
+            slot_case.paged_kv_cache,
+            slot_case.kv_cache_sf,
+            slot_case.k_scale,
+            slot_case.v_scale,
+        )
 
     calls()  # warm-up (first-call work of torch and of the library)
     torch.cuda.synchronize()
@@ -159,6 +188,7 @@ def test_no_synchronisation_and_no_allocation():
 
 
 # --- CUDA graphs -----------------------------------------------------------------------------------
+
 
 def _refresh(static, step, page_size):
     """New keys/values/positions/pages for a decode case (row i is request i), same shapes, in place."""
@@ -176,8 +206,9 @@ def _refresh(static, step, page_size):
 @pytest.mark.parametrize("device_scales", [False, True])
 @pytest.mark.parametrize("stacked", [False, True])
 def test_cuda_graph_replays_match_eager(stacked, device_scales):
-    case = make_append_case(decode=True, batch_size=8, stacked=stacked, num_heads=4, head_dim=128, page_size=16,
-                            max_tokens=60, seed=101)
+    case = make_append_case(
+        decode=True, batch_size=8, stacked=stacked, num_heads=4, head_dim=128, page_size=16, max_tokens=60, seed=101
+    )
     static = case.to("cuda")
     scales = (torch.tensor([case.k_scale], device="cuda"), torch.tensor([case.v_scale], device="cuda"))
 
@@ -231,11 +262,34 @@ def test_first_call_of_the_op_inside_a_capture():
 
 # --- torch.compile ---------------------------------------------------------------------------------
 
-def _decode_step(key, value, batch_indices, positions, cache, cache_sf, kv_indices, kv_indptr, kv_last_page_len,
-                 k_scale: float, v_scale: float):
+
+def _decode_step(
+    key,
+    value,
+    batch_indices,
+    positions,
+    cache,
+    cache_sf,
+    kv_indices,
+    kv_indptr,
+    kv_last_page_len,
+    k_scale: float,
+    v_scale: float,
+):
     # A little arithmetic around the op, as in a model's decode step.
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(key * 2.0, value + 1.0, batch_indices, positions + 0, cache,
-                                                 cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale)
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+        key * 2.0,
+        value + 1.0,
+        batch_indices,
+        positions + 0,
+        cache,
+        cache_sf,
+        kv_indices,
+        kv_indptr,
+        kv_last_page_len,
+        k_scale,
+        v_scale,
+    )
     return key.float().sum()
 
 
@@ -244,13 +298,25 @@ def test_compiled_decode_step_matches_eager(stacked):
     torch._dynamo.reset()
     case = make_append_case(decode=True, batch_size=8, stacked=stacked, seed=111)
     if not stacked:  # separate allocations: caches sharing a storage are refused under compile
-        case = case.with_caches(tuple(t.clone() for t in case.paged_kv_cache),
-                                tuple(t.clone() for t in case.kv_cache_sf))
+        case = case.with_caches(
+            tuple(t.clone() for t in case.paged_kv_cache), tuple(t.clone() for t in case.kv_cache_sf)
+        )
     compiled_case, eager_case = case.to("cuda"), case.to("cuda")
     compiled = torch.compile(_decode_step, fullgraph=True)
     for c, fn in ((compiled_case, compiled), (eager_case, _decode_step)):
-        fn(c.append_key, c.append_value, c.batch_indices, c.positions, c.paged_kv_cache, c.kv_cache_sf,
-           c.kv_indices, c.kv_indptr, c.kv_last_page_len, c.k_scale, c.v_scale)
+        fn(
+            c.append_key,
+            c.append_value,
+            c.batch_indices,
+            c.positions,
+            c.paged_kv_cache,
+            c.kv_cache_sf,
+            c.kv_indices,
+            c.kv_indptr,
+            c.kv_last_page_len,
+            c.k_scale,
+            c.v_scale,
+        )
     torch.cuda.synchronize()
     assert_same_caches(compiled_case, eager_case)
 
@@ -265,9 +331,19 @@ class _Decoder(torch.nn.Module):
         self.k_scale, self.v_scale = case.k_scale, case.v_scale
 
     def forward(self, key, value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len):
-        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(key * 2.0, value, batch_indices, positions, self.cache,
-                                                     self.cache_sf, kv_indices, kv_indptr, kv_last_page_len,
-                                                     self.k_scale, self.v_scale)
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+            key * 2.0,
+            value,
+            batch_indices,
+            positions,
+            self.cache,
+            self.cache_sf,
+            kv_indices,
+            kv_indptr,
+            kv_last_page_len,
+            self.k_scale,
+            self.v_scale,
+        )
         return key.sum()
 
 
@@ -331,6 +407,7 @@ def test_compiled_step_captured_manually_with_module_caches():
 
 # --- the fat binary --------------------------------------------------------------------------------
 
+
 def test_library_has_sass_for_every_promised_architecture():
     """The fat binary holds SASS for every real architecture of cmake/cuda_architectures.cmake."""
     promised = {a.split("-")[0] for a in nvfp4kv.library.cuda_architectures() if a.endswith("-real")}
@@ -338,13 +415,15 @@ def test_library_has_sass_for_every_promised_architecture():
     tool = cuda_tool("cuobjdump")
     if tool is None:
         pytest.skip("cuobjdump not found")
-    listing = subprocess.run([tool, "--list-elf", str(nvfp4kv.library.library_path())], capture_output=True,
-                             text=True, check=True).stdout
+    listing = subprocess.run(
+        [tool, "--list-elf", str(nvfp4kv.library.library_path())], capture_output=True, text=True, check=True
+    ).stdout
     found = set(re.findall(r"\.sm_(\d+)[a-z]?\.cubin", listing))
     assert promised <= found, listing
 
 
 # --- the exhaustive device codec check -------------------------------------------------------------
+
 
 def test_device_codec_check_passes(tmp_path):
     """tests/gpu/codec_check.cu checks the device quantizer against the codec and the spec (every fp32,
@@ -354,8 +433,13 @@ def test_device_codec_check_passes(tmp_path):
         pytest.skip("nvcc not found")
     major, minor = torch.cuda.get_device_capability()
     binary = tmp_path / "codec_check"
-    build = subprocess.run(["bash", str(TESTS_DIR / "gpu" / "build_codec_check.sh"), f"{major}{minor}", str(binary)],
-                           capture_output=True, text=True, timeout=300, env={**os.environ, "NVCC": nvcc})
+    build = subprocess.run(
+        ["bash", str(TESTS_DIR / "gpu" / "build_codec_check.sh"), f"{major}{minor}", str(binary)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NVCC": nvcc},
+    )
     assert build.returncode == 0, build.stdout + build.stderr
     result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr

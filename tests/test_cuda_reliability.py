@@ -3,11 +3,12 @@
 
 import pytest
 import torch
+from conftest import assert_same_caches, has_cuda
 
 import nvfp4kv
 from nvfp4kv import reference
+
 from append_cases import cache_bytes, make_append_case
-from conftest import assert_same_caches, has_cuda
 
 pytestmark = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU and a build with the CUDA kernels")
 
@@ -40,18 +41,42 @@ def test_cache_larger_than_4_gib_written_at_its_last_page(index_dtype, layout):
     last = torch.tensor([page_size], dtype=index_dtype)
     cuda = lambda t: t.cuda()  # noqa: E731
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
-        cuda(key), cuda(value), cuda(batch_indices), cuda(positions), (k_cache, v_cache),
-        (k_sf.view(torch.float8_e4m3fn), v_sf.view(torch.float8_e4m3fn)), cuda(kv_indices), cuda(kv_indptr),
-        cuda(last), 0.01, 0.02, layout)
+        cuda(key),
+        cuda(value),
+        cuda(batch_indices),
+        cuda(positions),
+        (k_cache, v_cache),
+        (k_sf.view(torch.float8_e4m3fn), v_sf.view(torch.float8_e4m3fn)),
+        cuda(kv_indices),
+        cuda(kv_indptr),
+        cuda(last),
+        0.01,
+        0.02,
+        layout,
+    )
     torch.cuda.synchronize()
     # The same append on a small CPU cache whose pages 0/1 stand for the last two pages.
     small = lambda fill, w: torch.full((2, *inner, w), fill, dtype=torch.uint8)  # noqa: E731
-    ref_k, ref_v, ref_k_sf, ref_v_sf = small(0x5A, head_dim // 2), small(0x5A, head_dim // 2), \
-        small(0x11, head_dim // 16), small(0x11, head_dim // 16)
+    ref_k, ref_v, ref_k_sf, ref_v_sf = (
+        small(0x5A, head_dim // 2),
+        small(0x5A, head_dim // 2),
+        small(0x11, head_dim // 16),
+        small(0x11, head_dim // 16),
+    )
     reference.nvfp4_quantize_append_paged_kv_cache(
-        key, value, batch_indices, positions, (ref_k, ref_v),
-        (ref_k_sf.view(torch.float8_e4m3fn), ref_v_sf.view(torch.float8_e4m3fn)), torch.tensor([1, 0]),
-        torch.tensor([0, 2]), last.long(), 0.01, 0.02, layout)
+        key,
+        value,
+        batch_indices,
+        positions,
+        (ref_k, ref_v),
+        (ref_k_sf.view(torch.float8_e4m3fn), ref_v_sf.view(torch.float8_e4m3fn)),
+        torch.tensor([1, 0]),
+        torch.tensor([0, 2]),
+        last.long(),
+        0.01,
+        0.02,
+        layout,
+    )
     for big, ref in ((k_cache, ref_k), (v_cache, ref_v), (k_sf, ref_k_sf), (v_sf, ref_v_sf)):
         assert torch.equal(big[-2:].cpu(), ref)
         assert bool((big[:-2] == big[0, 0, 0, 0]).all())  # nothing else written anywhere in 4.5 GiB
@@ -73,8 +98,9 @@ def test_two_streams_into_disjoint_pages_equal_sequential():
     second = second.to("cuda").with_caches(first.paged_kv_cache, first.kv_cache_sf)
     sequential = first.cloned()
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*sequential.args())
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*second.with_caches(sequential.paged_kv_cache,
-                                                                     sequential.kv_cache_sf).args())
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+        *second.with_caches(sequential.paged_kv_cache, sequential.kv_cache_sf).args()
+    )
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     torch.cuda.synchronize()
     for stream, case in zip(streams, (first, second)):
@@ -101,27 +127,52 @@ def test_second_gpu(scale_search):
             slotted_cpu, slotted_gpu1 = case.cloned(), case.cloned().to("cuda:1")
             for c, s in ((slotted_cpu, slots.cpu()), (slotted_gpu1, slots)):
                 nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-                    c.append_key, c.append_value, s, c.paged_kv_cache, c.kv_cache_sf, c.k_scale, c.v_scale,
-                    c.kv_layout, scale_search=scale_search)
-            read_back = nvfp4kv.dequantize_paged_kv_cache(on_gpu1.paged_kv_cache, on_gpu1.kv_cache_sf,
-                                                          on_gpu1.kv_indices, on_gpu1.kv_indptr,
-                                                          on_gpu1.kv_last_page_len, case.k_scale, case.v_scale,
-                                                          case.kv_layout)
+                    c.append_key,
+                    c.append_value,
+                    s,
+                    c.paged_kv_cache,
+                    c.kv_cache_sf,
+                    c.k_scale,
+                    c.v_scale,
+                    c.kv_layout,
+                    scale_search=scale_search,
+                )
+            read_back = nvfp4kv.dequantize_paged_kv_cache(
+                on_gpu1.paged_kv_cache,
+                on_gpu1.kv_cache_sf,
+                on_gpu1.kv_indices,
+                on_gpu1.kv_indptr,
+                on_gpu1.kv_last_page_len,
+                case.k_scale,
+                case.v_scale,
+                case.kv_layout,
+            )
         torch.cuda.synchronize(1)
         for variant, gpu, cpu in (("page table", on_gpu1, on_cpu), ("slot mapping", slotted_gpu1, slotted_cpu)):
             assert_same_caches(gpu, cpu, f"{size} case, {variant}:")
         assert read_back[0].device == torch.device("cuda:1")
-        expected = nvfp4kv.dequantize_paged_kv_cache(on_cpu.paged_kv_cache, on_cpu.kv_cache_sf, on_cpu.kv_indices,
-                                                     on_cpu.kv_indptr, on_cpu.kv_last_page_len, case.k_scale,
-                                                     case.v_scale, case.kv_layout)
+        expected = nvfp4kv.dequantize_paged_kv_cache(
+            on_cpu.paged_kv_cache,
+            on_cpu.kv_cache_sf,
+            on_cpu.kv_indices,
+            on_cpu.kv_indptr,
+            on_cpu.kv_last_page_len,
+            case.k_scale,
+            case.v_scale,
+            case.kv_layout,
+        )
         # Entries the call did not write hold the poison, which may decode to NaN, and torch's own bf16
         # conversion writes NaN as 0x7FC0 on the CPU, 0x7FFF on CUDA: equal values, NaN where NaN.
         for a, b in zip(read_back, expected):
             torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0, equal_nan=True)
     mixed = small.cloned().to("cuda:1")
     before = cache_bytes(mixed.paged_kv_cache).clone()
-    with pytest.raises(ValueError, match=r"append_value must be on the same device as append_key \(cuda:1\), "
-                                         r"got cuda:0"):
-        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(mixed.append_key, mixed.append_value.to("cuda:0"),
-                                                     *mixed.args()[2:])
+    with pytest.raises(
+        ValueError,
+        match=r"append_value must be on the same device as append_key \(cuda:1\), "
+        r"got cuda:0",
+    ):
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+            mixed.append_key, mixed.append_value.to("cuda:0"), *mixed.args()[2:]
+        )
     assert torch.equal(cache_bytes(mixed.paged_kv_cache), before)

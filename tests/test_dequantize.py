@@ -3,11 +3,12 @@ too: quantized rows, arbitrary codes and scale bytes (NaN scales included) from 
 buffers, and strided cache views."""
 
 import torch
+from conftest import misaligned_copy
 
 import nvfp4kv
 from nvfp4kv import reference
+
 from append_cases import make_append_case
-from conftest import misaligned_copy
 
 
 def test_dequantize_matches_reference(device):
@@ -28,17 +29,19 @@ def test_dequantize_of_arbitrary_bytes(device):
     scales = torch.randint(0, 256, (3, 5, 8), dtype=torch.uint8, generator=g)
     scales[0, 0, :3] = torch.tensor([0x7F, 0xFF, 0x00], dtype=torch.uint8)  # NaN, -NaN, 0
     scales = scales.view(torch.float8_e4m3fn)
-    for alignment, (p, s) in (("aligned", (packed.to(device), scales.to(device))),
-                              ("misaligned", (misaligned_copy(packed.to(device), 3),
-                                              misaligned_copy(scales.to(device), 1)))):
+    for alignment, (p, s) in (
+        ("aligned", (packed.to(device), scales.to(device))),
+        ("misaligned", (misaligned_copy(packed.to(device), 3), misaligned_copy(scales.to(device), 1))),
+    ):
         ours = nvfp4kv.dequantize(p, s, 0.37).cpu()
         expected = {"reference": reference.dequantize(packed, scales, 0.37)}
         if device != "cpu":
             expected["CPU"] = nvfp4kv.dequantize(p.cpu(), s.cpu(), 0.37)
         for name, theirs in expected.items():
             assert torch.equal(ours.isnan(), theirs.isnan()), f"{alignment}: NaNs differ from the {name}'s"
-            assert torch.equal(ours.nan_to_num(123.0).view(torch.int32), theirs.nan_to_num(123.0).view(torch.int32)), \
+            assert torch.equal(ours.nan_to_num(123.0).view(torch.int32), theirs.nan_to_num(123.0).view(torch.int32)), (
                 f"{alignment}: values differ from the {name}'s"
+            )
 
 
 def test_dequantize_of_a_strided_cache_view(device):

@@ -22,9 +22,19 @@ def quantize_blocks(values, scale=1.0, dtype=torch.bfloat16, device="cpu"):
     cache_sf = torch.full((1, 2, 1, 1, head_dim // 16), 0x5A, dtype=torch.uint8, device=device)
     index = torch.zeros(1, dtype=torch.int32, device=device)
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
-        row, row, index, index, cache, cache_sf.view(torch.float8_e4m3fn), index,
-        torch.tensor([0, 1], dtype=torch.int32, device=device), torch.ones(1, dtype=torch.int32, device=device),
-        scale, scale, "NHD")
+        row,
+        row,
+        index,
+        index,
+        cache,
+        cache_sf.view(torch.float8_e4m3fn),
+        index,
+        torch.tensor([0, 1], dtype=torch.int32, device=device),
+        torch.ones(1, dtype=torch.int32, device=device),
+        scale,
+        scale,
+        "NHD",
+    )
     assert torch.equal(cache[:, 0], cache[:, 1]) and torch.equal(cache_sf[:, 0], cache_sf[:, 1])
     packed = cache[0, 0, 0, 0].cpu()
     codes = torch.stack([packed & 0xF, packed >> 4], dim=1).flatten().tolist()
@@ -59,21 +69,40 @@ def test_e2m1_neighbours_of_ties(device):
     # fp16 steps are 2^-12 in [0.25, 0.5), 2^-11 in [0.5, 1), 2^-10 in [1, 2), ...: one step above a tie
     # rounds up, one step below rounds down.
     # sf = 0x38 and r = 1 as above (a = 6).
-    e = 2.0 ** -10
-    values = [6.0, 0.25 + e / 4, 0.75 - e / 2, 1.25 + e, 1.75 - e, 2.5 + 2 * e, 3.5 - 2 * e, 5.0 + 4 * e,
-              0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 0.1, 5.9]
+    e = 2.0**-10
+    values = [
+        6.0,
+        0.25 + e / 4,
+        0.75 - e / 2,
+        1.25 + e,
+        1.75 - e,
+        2.5 + 2 * e,
+        3.5 - 2 * e,
+        5.0 + 4 * e,
+        0.5,
+        1.0,
+        1.5,
+        2.0,
+        3.0,
+        4.0,
+        0.1,
+        5.9,
+    ]
     expected = [7, 1, 1, 3, 3, 5, 5, 7, 1, 2, 3, 4, 5, 6, 0, 7]
     assert quantize_blocks(values, dtype=torch.float16, device=device) == ([0x38], expected)
 
 
-@pytest.mark.parametrize("amax,scale_byte", [
-    (6.375, 0x38),   # t = 1.0625, halfway between 1.0 (0x38, even) and 1.125 (0x39): -> 0x38
-    (7.125, 0x3A),   # t = 1.1875, halfway between 1.125 (0x39) and 1.25 (0x3A, even): -> 0x3A
-    (0.087890625, 0x08),  # t = 7.5 * 2^-9, halfway between 0x07 and 0x08 (even): -> 0x08
-    (0.0859375, 0x07),    # t = 44/6 * 2^-9 = 7.33 * 2^-9: nearest is 0x07
-    (0.01171875, 0x01),   # t = 2^-9 exactly: the smallest subnormal
-    (0.005859375, 0x00),  # t = 0.5 * 2^-9: halfway between 0 and 0x01 -> 0 (even)
-])
+@pytest.mark.parametrize(
+    "amax,scale_byte",
+    [
+        (6.375, 0x38),  # t = 1.0625, halfway between 1.0 (0x38, even) and 1.125 (0x39): -> 0x38
+        (7.125, 0x3A),  # t = 1.1875, halfway between 1.125 (0x39) and 1.25 (0x3A, even): -> 0x3A
+        (0.087890625, 0x08),  # t = 7.5 * 2^-9, halfway between 0x07 and 0x08 (even): -> 0x08
+        (0.0859375, 0x07),  # t = 44/6 * 2^-9 = 7.33 * 2^-9: nearest is 0x07
+        (0.01171875, 0x01),  # t = 2^-9 exactly: the smallest subnormal
+        (0.005859375, 0x00),  # t = 0.5 * 2^-9: halfway between 0 and 0x01 -> 0 (even)
+    ],
+)
 def test_e4m3_scale_ties_and_subnormal_boundary(amax, scale_byte, device):
     scales, codes = quantize_blocks([amax] + [0.0] * 15, device=device)
     assert scales == [scale_byte]
@@ -97,7 +126,7 @@ def test_infinity(device):
 def test_tiny_block_scale_underflows_to_zero(device):
     # a = 2^-10, s = 1: t = 2^-10 / 6 < 2^-10 (half the smallest E4M3 subnormal 2^-9) -> sf = 0,
     # so r = 0 and every code is a signed zero.
-    values = [2.0 ** -10, -(2.0 ** -11)] + [0.0] * 14
+    values = [2.0**-10, -(2.0**-11)] + [0.0] * 14
     assert quantize_blocks(values, device=device) == ([0x00], [0, 8] + [0] * 14)
 
 
@@ -108,8 +137,9 @@ def test_nan_block_and_its_clean_neighbour(device):
     assert scales == [0x7F, 0x38]
     assert codes == [0] * 16 + [7, 5] + [0] * 14
     packed = torch.tensor([codes[2 * k] | codes[2 * k + 1] << 4 for k in range(16)], dtype=torch.uint8)
-    decoded = nvfp4kv.dequantize(packed.to(device), torch.tensor(scales, dtype=torch.uint8).view(
-        torch.float8_e4m3fn).to(device), 1.0).cpu()
+    decoded = nvfp4kv.dequantize(
+        packed.to(device), torch.tensor(scales, dtype=torch.uint8).view(torch.float8_e4m3fn).to(device), 1.0
+    ).cpu()
     assert decoded[:16].isnan().all()
     assert decoded[16:18].tolist() == [6.0, 3.0]
 
@@ -117,7 +147,7 @@ def test_nan_block_and_its_clean_neighbour(device):
 def test_fp16_extremes(device):
     # fp16 max 65504, s = 1: t = 10917 -> 0x7E; r = 1/448: 65504/448 = 146 -> 7. The smallest fp16
     # subnormal 2^-24 -> 0; -65504 -> 0xF.
-    values = [65504.0, -65504.0, 2.0 ** -24, -(2.0 ** -24)] + [0.0] * 12
+    values = [65504.0, -65504.0, 2.0**-24, -(2.0**-24)] + [0.0] * 12
     assert quantize_blocks(values, dtype=torch.float16, device=device) == ([0x7E], [7, 15, 0, 8] + [0] * 12)
 
 
@@ -125,7 +155,7 @@ def test_bf16_extremes(device):
     # bf16 max (about 3.39e38) with s = 1e30: 6 s = 6e30, t = 5.6e7 -> 0x7E; r = 1 / (448 * 1e30):
     # y = 3.39e38 / 4.48e32 = 7.6e5 -> 7. The smallest bf16 normal 2^-126 -> y ~ 0 -> 0.
     bf16_max = float(torch.finfo(torch.bfloat16).max)
-    values = [bf16_max, -bf16_max, 2.0 ** -126] + [0.0] * 13
+    values = [bf16_max, -bf16_max, 2.0**-126] + [0.0] * 13
     assert quantize_blocks(values, scale=1e30, device=device) == ([0x7E], [7, 15, 0] + [0] * 13)
 
 

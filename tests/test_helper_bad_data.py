@@ -24,8 +24,8 @@ from nvfp4kv.fp4_quantization import e2m1_and_ufp8sf_scale_to_float
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 INDEX_DTYPES = [torch.int32, torch.int64]
-I32_MIN, I32_MAX = -2**31, 2**31 - 1
-I64_MIN, I64_MAX = -2**63, 2**63 - 1
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -51,8 +51,9 @@ def run_isolated(cases):
     results, pending = {}, list(cases)
     while pending:
         try:
-            run = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(pending), capture_output=True,
-                                 text=True, timeout=600)
+            run = subprocess.run(
+                [sys.executable, "-c", RUNNER], input=json.dumps(pending), capture_output=True, text=True, timeout=600
+            )
             stdout, stderr, ending = run.stdout, run.stderr, f"exit code {run.returncode}"
         except subprocess.TimeoutExpired as timeout:
             stdout, stderr, ending = timeout.stdout or "", timeout.stderr or "", "timed out"
@@ -74,7 +75,7 @@ def run_isolated(cases):
             return {**results, **{case_id: f"{ending}; stderr:\n{stderr[-3000:]}" for case_id, _ in pending}}
         if len(ran) == len(pending) and all(results[case_id] == "OK" for case_id in ran) and ending != "exit code 0":
             results[ran[-1]] = f"every case passed but the interpreter ended with {ending}; stderr:\n{stderr[-3000:]}"
-        pending = pending[len(ran):]
+        pending = pending[len(ran) :]
     return results
 
 
@@ -90,6 +91,7 @@ ISOLATED_CASES = {}
 
 
 # ---------------------------------------------------------------- get_batch_indices_positions
+
 
 def allowed_rows(append_indptr, seq_lens, j):
     """What row j of get_batch_indices_positions may be, in pure Python (exact integers).
@@ -114,8 +116,8 @@ def allowed_rows(append_indptr, seq_lens, j):
 def check_rows(append_indptr, seq_lens, nnz, dtype, device) -> None:
     """Calls get_batch_indices_positions and checks every row against allowed_rows."""
     batch_indices, positions = nvfp4kv.get_batch_indices_positions(
-        torch.tensor(append_indptr, dtype=dtype, device=device), torch.tensor(seq_lens, dtype=dtype, device=device),
-        nnz)
+        torch.tensor(append_indptr, dtype=dtype, device=device), torch.tensor(seq_lens, dtype=dtype, device=device), nnz
+    )
     assert batch_indices.dtype == positions.dtype == torch.int32
     assert batch_indices.shape == positions.shape == (nnz,)
     assert batch_indices.device.type == positions.device.type == torch.device(device).type
@@ -155,9 +157,10 @@ def dtype_name(dtype):
 
 for name, append_indptr, seq_lens, nnz, dtypes in BAD_ROWS:
     for dtype in dtypes:
-        ISOLATED_CASES[f"rows_{name}_{dtype_name(dtype)}"] = (
-            lambda device, args=(append_indptr, seq_lens, nnz, dtype): "check_rows({!r}, {!r}, {!r}, {}, {!r})".format(
-                *args, device))
+        arguments = (append_indptr, seq_lens, nnz, dtype)
+        ISOLATED_CASES[f"rows_{name}_{dtype_name(dtype)}"] = lambda device, args=arguments: (
+            "check_rows({!r}, {!r}, {!r}, {}, {!r})".format(*args, device)
+        )
 
 ISOLATED_CASES["rows_skipped_by_the_op"] = lambda device: textwrap.dedent(f"""
     # The (-1, -1) rows of bad data are skipped by the append op: nothing out of bounds is written.
@@ -199,8 +202,10 @@ def test_batch_indices_positions_matches_a_loop_on_valid_inputs(device):
             append_indptr.append(append_indptr[-1] + c)
         dtype = rng.choice(INDEX_DTYPES)
         batch_indices, positions = nvfp4kv.get_batch_indices_positions(
-            torch.tensor(append_indptr, dtype=dtype, device=device), torch.tensor(seq_lens, dtype=dtype, device=device),
-            append_indptr[-1])
+            torch.tensor(append_indptr, dtype=dtype, device=device),
+            torch.tensor(seq_lens, dtype=dtype, device=device),
+            append_indptr[-1],
+        )
         expected = loop_batch_indices_positions(append_indptr, seq_lens)
         assert (batch_indices.tolist(), positions.tolist()) == expected, f"seed {seed}"
         assert batch_indices.dtype == positions.dtype == torch.int32, f"seed {seed}"
@@ -222,7 +227,10 @@ def test_batch_indices_positions_under_torch_compile():
 
 ISOLATED_CASES["rows_compiled_bad_data"] = lambda device: (
     "compiled_matches_eager([([0, -3, 6], [0, 9], 6), ([0, 1, 2], [3, 3], 5), ([0, 4, 1, 5], [4, 0, 4], 5), "
-    "([0, 100000, 2], [5, 5], 2)])" if device == "cpu" else None)
+    "([0, 100000, 2], [5, 5], 2)])"
+    if device == "cpu"
+    else None
+)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA graph capture")
@@ -257,8 +265,12 @@ BATCH_METADATA = [
     ("append_indptr_empty", (index([]), index([]), 0), ValueError, "append_indptr must have at least one"),
     ("seq_lens_none", (index([0, 1]), None, 1), TypeError, "seq_lens must be a 1-D"),
     ("seq_lens_bool", (index([0, 1]), index([1]).bool(), 1), ValueError, "seq_lens must be a 1-D"),
-    ("seq_lens_too_long", (index([0, 1]), index([1, 1]), 1), ValueError,
-     r"seq_lens must have len\(append_indptr\) - 1 = 1 entries, got 2"),
+    (
+        "seq_lens_too_long",
+        (index([0, 1]), index([1, 1]), 1),
+        ValueError,
+        r"seq_lens must have len\(append_indptr\) - 1 = 1 entries, got 2",
+    ),
     ("seq_lens_too_short", (index([0, 1, 2]), index([1]), 2), ValueError, r"seq_lens must have len\(append_indptr\)"),
     ("nnz_bool", (index([0, 1]), index([1]), True), TypeError, "nnz must be a non-negative int, got bool"),
     ("nnz_float", (index([0, 1]), index([1]), 1.0), TypeError, "nnz must be a non-negative int, got float"),
@@ -280,23 +292,34 @@ def test_helpers_refuse_mixed_devices():
     with pytest.raises(ValueError, match=r"get_seq_lens: kv_last_page_len must be on kv_indptr's device"):
         nvfp4kv.get_seq_lens(index([0, 1]), index([1]).cuda(), 16)
     with pytest.raises(ValueError, match=r"ufp8_scale_tensor must be on e2m1_tensor's device"):
-        e2m1_and_ufp8sf_scale_to_float(torch.zeros(2, 8, dtype=torch.uint8).cuda(),
-                                       torch.zeros(2, 1, dtype=torch.uint8), torch.tensor([1.0]), 16, 1, False)
+        e2m1_and_ufp8sf_scale_to_float(
+            torch.zeros(2, 8, dtype=torch.uint8).cuda(),
+            torch.zeros(2, 1, dtype=torch.uint8),
+            torch.tensor([1.0]),
+            16,
+            1,
+            False,
+        )
     cache, cache_sf, kv = small_cache("cuda"), small_cache_sf("cuda"), page_table([0, 1], [0, 1], [4])
     with pytest.raises(ValueError, match=r"dequantize_paged_kv_cache: kv_indices must be on paged_kv_cache's device"):
         nvfp4kv.dequantize_paged_kv_cache(cache, cache_sf, *kv, 1.0, 1.0)
     with pytest.raises(ValueError, match=r"dequantize_paged_kv_cache: k_scale as a tensor must be"):
-        nvfp4kv.dequantize_paged_kv_cache(cache, cache_sf, *page_table([0, 1], [0, 1], [4], "cuda"),
-                                          torch.tensor([1.0]), 1.0)
+        nvfp4kv.dequantize_paged_kv_cache(
+            cache, cache_sf, *page_table([0, 1], [0, 1], [4], "cuda"), torch.tensor([1.0]), 1.0
+        )
 
 
 # ---------------------------------------------------------------- get_seq_lens
+
 
 def test_seq_lens_of_any_values_is_plain_arithmetic():
     kv_indptr = index([0, 5, 2, I32_MAX], torch.int32)
     kv_last_page_len = index([-3, 4, I32_MIN], torch.int32)
     assert nvfp4kv.get_seq_lens(kv_indptr, kv_last_page_len, 16).tolist() == [
-        4 * 16 - 3, 0 * 16 + 4, (((I32_MAX - 3) * 16 + I32_MIN + 2**31) % 2**32) - 2**31]
+        4 * 16 - 3,
+        0 * 16 + 4,
+        (((I32_MAX - 3) * 16 + I32_MIN + 2**31) % 2**32) - 2**31,
+    ]
 
 
 SEQ_LENS_METADATA = [
@@ -307,15 +330,24 @@ SEQ_LENS_METADATA = [
     ("kv_indptr_float", (index([0, 1]).double(), index([1]), 16), ValueError, "kv_indptr must be a 1-D"),
     ("kv_indptr_tuple", ((0, 1), index([1]), 16), TypeError, "kv_indptr must be a 1-D"),
     ("kv_last_page_len_2d", (index([0, 1]), index([[1]]), 16), ValueError, "kv_last_page_len must be a 1-D"),
-    ("kv_last_page_len_uint8", (index([0, 1]), index([1]).to(torch.uint8), 16), ValueError,
-     "kv_last_page_len must be a 1-D"),
-    ("length_mismatch", (index([0, 1, 2]), index([1]), 16), ValueError,
-     r"kv_last_page_len must have len\(kv_indptr\) - 1 = 2 entries, got 1"),
+    (
+        "kv_last_page_len_uint8",
+        (index([0, 1]), index([1]).to(torch.uint8), 16),
+        ValueError,
+        "kv_last_page_len must be a 1-D",
+    ),
+    (
+        "length_mismatch",
+        (index([0, 1, 2]), index([1]), 16),
+        ValueError,
+        r"kv_last_page_len must have len\(kv_indptr\) - 1 = 2 entries, got 1",
+    ),
 ]
 
 
-@pytest.mark.parametrize("args,error,message", [c[1:] for c in SEQ_LENS_METADATA],
-                         ids=[c[0] for c in SEQ_LENS_METADATA])
+@pytest.mark.parametrize(
+    "args,error,message", [c[1:] for c in SEQ_LENS_METADATA], ids=[c[0] for c in SEQ_LENS_METADATA]
+)
 def test_seq_lens_metadata(args, error, message):
     with pytest.raises(error, match="^nvfp4kv.get_seq_lens: " + message):
         nvfp4kv.get_seq_lens(*args)
@@ -345,42 +377,132 @@ def page_table(kv_indices, kv_indptr, kv_last_page_len, device="cpu", dtype=torc
 
 # (id, kv_indices, kv_indptr, kv_last_page_len, dtypes the values fit, the start of the message)
 BAD_PAGE_TABLES = [
-    ("negative_last_page_len", [0, 1], [0, 1, 2], [-3, 4], INDEX_DTYPES,
-     r"kv_last_page_len\[0\] must be in \[1, page_size = 4\] for a request with pages, got -3$"),
-    ("last_page_len_zero_with_pages", [0, 1], [0, 1, 2], [4, 0], INDEX_DTYPES,
-     r"kv_last_page_len\[1\] must be in \[1, page_size = 4\] for a request with pages, got 0$"),
-    ("last_page_len_beyond_page_size", [0, 1], [0, 1, 2], [5, 1], INDEX_DTYPES,
-     r"kv_last_page_len\[0\] must be in \[1, page_size = 4\] for a request with pages, got 5$"),
-    ("last_page_len_int32_max", [0, 1], [0, 1, 2], [1, I32_MAX], INDEX_DTYPES,
-     rf"kv_last_page_len\[1\] must be in \[1, page_size = 4\] for a request with pages, got {I32_MAX}$"),
-    ("last_page_len_int64_min", [0, 1], [0, 1, 2], [I64_MIN, 1], [torch.int64],
-     rf"kv_last_page_len\[0\] must be in \[1, page_size = 4\] for a request with pages, got {I64_MIN}$"),
-    ("last_page_len_without_pages", [0, 1], [0, 1, 1, 2], [4, 2, 4], INDEX_DTYPES,
-     r"kv_last_page_len\[1\] must be 0 for a request without pages, got 2$"),
+    (
+        "negative_last_page_len",
+        [0, 1],
+        [0, 1, 2],
+        [-3, 4],
+        INDEX_DTYPES,
+        r"kv_last_page_len\[0\] must be in \[1, page_size = 4\] for a request with pages, got -3$",
+    ),
+    (
+        "last_page_len_zero_with_pages",
+        [0, 1],
+        [0, 1, 2],
+        [4, 0],
+        INDEX_DTYPES,
+        r"kv_last_page_len\[1\] must be in \[1, page_size = 4\] for a request with pages, got 0$",
+    ),
+    (
+        "last_page_len_beyond_page_size",
+        [0, 1],
+        [0, 1, 2],
+        [5, 1],
+        INDEX_DTYPES,
+        r"kv_last_page_len\[0\] must be in \[1, page_size = 4\] for a request with pages, got 5$",
+    ),
+    (
+        "last_page_len_int32_max",
+        [0, 1],
+        [0, 1, 2],
+        [1, I32_MAX],
+        INDEX_DTYPES,
+        rf"kv_last_page_len\[1\] must be in \[1, page_size = 4\] for a request with pages, got {I32_MAX}$",
+    ),
+    (
+        "last_page_len_int64_min",
+        [0, 1],
+        [0, 1, 2],
+        [I64_MIN, 1],
+        [torch.int64],
+        rf"kv_last_page_len\[0\] must be in \[1, page_size = 4\] for a request with pages, got {I64_MIN}$",
+    ),
+    (
+        "last_page_len_without_pages",
+        [0, 1],
+        [0, 1, 1, 2],
+        [4, 2, 4],
+        INDEX_DTYPES,
+        r"kv_last_page_len\[1\] must be 0 for a request without pages, got 2$",
+    ),
     ("indptr_negative_start", [0, 1], [-1, 1, 2], [4, 4], INDEX_DTYPES, r"kv_indptr\[0\] must be >= 0, got -1$"),
-    ("indptr_int32_min_start", [0, 1], [I32_MIN, 1, 2], [4, 4], INDEX_DTYPES,
-     rf"kv_indptr\[0\] must be >= 0, got {I32_MIN}$"),
-    ("indptr_int64_min_start", [0, 1], [I64_MIN, 1, 2], [4, 4], [torch.int64],
-     rf"kv_indptr\[0\] must be >= 0, got {I64_MIN}$"),
-    ("indptr_decreasing", [0, 1, 2], [0, 2, 1, 3], [4, 4, 4], INDEX_DTYPES,
-     r"kv_indptr must be non-decreasing, got kv_indptr\[2\] = 1 after kv_indptr\[1\] = 2"),
-    ("indptr_past_indices", [0, 1], [0, 1, 3], [4, 4], INDEX_DTYPES,
-     r"kv_indptr\[-1\] must be <= len\(kv_indices\) = 2, got 3"),
+    (
+        "indptr_int32_min_start",
+        [0, 1],
+        [I32_MIN, 1, 2],
+        [4, 4],
+        INDEX_DTYPES,
+        rf"kv_indptr\[0\] must be >= 0, got {I32_MIN}$",
+    ),
+    (
+        "indptr_int64_min_start",
+        [0, 1],
+        [I64_MIN, 1, 2],
+        [4, 4],
+        [torch.int64],
+        rf"kv_indptr\[0\] must be >= 0, got {I64_MIN}$",
+    ),
+    (
+        "indptr_decreasing",
+        [0, 1, 2],
+        [0, 2, 1, 3],
+        [4, 4, 4],
+        INDEX_DTYPES,
+        r"kv_indptr must be non-decreasing, got kv_indptr\[2\] = 1 after kv_indptr\[1\] = 2",
+    ),
+    (
+        "indptr_past_indices",
+        [0, 1],
+        [0, 1, 3],
+        [4, 4],
+        INDEX_DTYPES,
+        r"kv_indptr\[-1\] must be <= len\(kv_indices\) = 2, got 3",
+    ),
     ("indptr_int32_max_end", [0, 1], [0, 1, I32_MAX], [4, 4], INDEX_DTYPES, r"kv_indptr\[-1\] must be <= len"),
-    ("indptr_int64_extremes", [0, 1], [0, I64_MAX, I64_MIN], [4, 4], [torch.int64],
-     r"kv_indptr must be non-decreasing, got kv_indptr\[2\]"),
+    (
+        "indptr_int64_extremes",
+        [0, 1],
+        [0, I64_MAX, I64_MIN],
+        [4, 4],
+        [torch.int64],
+        r"kv_indptr must be non-decreasing, got kv_indptr\[2\]",
+    ),
     ("indptr_int64_max_end", [0, 1], [0, 1, I64_MAX], [4, 4], [torch.int64], r"kv_indptr\[-1\] must be <= len"),
-    ("page_id_minus_one", [0, -1], [0, 1, 2], [4, 4], INDEX_DTYPES,
-     r"kv_indices\[1\] must be a page id in \[0, max_num_pages = 4\), got -1"),
-    ("page_id_max_num_pages", [NUM_PAGES, 0], [0, 1, 2], [4, 4], INDEX_DTYPES,
-     r"kv_indices\[0\] must be a page id in \[0, max_num_pages = 4\), got 4"),
-    ("page_id_int32_max", [0, 1, I32_MAX], [0, 1, 3], [4, 4], INDEX_DTYPES,
-     rf"kv_indices\[2\] must be a page id in \[0, max_num_pages = 4\), got {I32_MAX}"),
+    (
+        "page_id_minus_one",
+        [0, -1],
+        [0, 1, 2],
+        [4, 4],
+        INDEX_DTYPES,
+        r"kv_indices\[1\] must be a page id in \[0, max_num_pages = 4\), got -1",
+    ),
+    (
+        "page_id_max_num_pages",
+        [NUM_PAGES, 0],
+        [0, 1, 2],
+        [4, 4],
+        INDEX_DTYPES,
+        r"kv_indices\[0\] must be a page id in \[0, max_num_pages = 4\), got 4",
+    ),
+    (
+        "page_id_int32_max",
+        [0, 1, I32_MAX],
+        [0, 1, 3],
+        [4, 4],
+        INDEX_DTYPES,
+        rf"kv_indices\[2\] must be a page id in \[0, max_num_pages = 4\), got {I32_MAX}",
+    ),
     ("page_id_int32_min", [I32_MIN], [0, 1], [4], INDEX_DTYPES, r"kv_indices\[0\] must be a page id"),
     ("page_id_int64_min", [0, I64_MIN], [0, 2], [4], [torch.int64], r"kv_indices\[1\] must be a page id"),
     ("page_id_int64_max", [I64_MAX, 1], [0, 1, 2], [1, 1], [torch.int64], r"kv_indices\[0\] must be a page id"),
-    ("page_id_bad_after_offset", [-1, 3, 9], [1, 2, 3], [4, 4], INDEX_DTYPES,
-     r"kv_indices\[2\] must be a page id in \[0, max_num_pages = 4\), got 9"),
+    (
+        "page_id_bad_after_offset",
+        [-1, 3, 9],
+        [1, 2, 3],
+        [4, 4],
+        INDEX_DTYPES,
+        r"kv_indices\[2\] must be a page id in \[0, max_num_pages = 4\), got 9",
+    ),
 ]
 
 
@@ -398,8 +520,10 @@ else:
 for name, kv_indices, kv_indptr, kv_last_page_len, dtypes, message in BAD_PAGE_TABLES:
     for dtype in dtypes:
         ISOLATED_CASES[f"page_table_{name}_{dtype_name(dtype)}"] = (
-            lambda device, args=(kv_indices, kv_indptr, kv_last_page_len, message), dtype=dtype:
-            DEQUANTIZE_CASE.format(*args, device=device, dtype=dtype))
+            lambda device, args=(kv_indices, kv_indptr, kv_last_page_len, message), dtype=dtype: DEQUANTIZE_CASE.format(
+                *args, device=device, dtype=dtype
+            )
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -409,9 +533,12 @@ def test_dequantize_reads_an_unused_tail_and_empty_requests(device):
     cache, cache_sf = small_cache(device), small_cache_sf(device)
     table = page_table([-1, 2, 0, I32_MAX], [1, 1, 3, 3], [0, 3, 0], device)
     k, v = nvfp4kv.dequantize_paged_kv_cache(cache, cache_sf, *table, 1.0, 1.0, out_dtype=torch.float32)
-    expected = [nvfp4kv.dequantize(c[[2, 2, 2, 2, 0, 0, 0]], s[[2, 2, 2, 2, 0, 0, 0]], 1.0)
-                [torch.arange(7), [0, 1, 2, 3, 0, 1, 2]] for c, s in ((cache[:, 0], cache_sf[:, 0]),
-                                                                      (cache[:, 1], cache_sf[:, 1]))]
+    expected = [
+        nvfp4kv.dequantize(c[[2, 2, 2, 2, 0, 0, 0]], s[[2, 2, 2, 2, 0, 0, 0]], 1.0)[
+            torch.arange(7), [0, 1, 2, 3, 0, 1, 2]
+        ]
+        for c, s in ((cache[:, 0], cache_sf[:, 0]), (cache[:, 1], cache_sf[:, 1]))
+    ]
     assert k.shape == (7, HEADS, HEAD_DIM)
     torch.testing.assert_close(k, expected[0], rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(v, expected[1], rtol=0, atol=0, equal_nan=True)
@@ -422,9 +549,18 @@ def test_dequantize_reads_an_unused_tail_and_empty_requests(device):
 def dequantize_args(**changes):
     """A valid dequantize_paged_kv_cache call's arguments (two requests of 5 and 4 tokens) with changes."""
     kv_indices, kv_indptr, kv_last_page_len = page_table([3, 0, 2], [0, 2, 3], [1, 4])
-    args = dict(paged_kv_cache=small_cache(), kv_cache_sf=small_cache_sf(), kv_indices=kv_indices,
-                kv_indptr=kv_indptr, kv_last_page_len=kv_last_page_len, k_scale=0.5, v_scale=0.25, kv_layout="NHD",
-                out_dtype=torch.float32, v_sf_layout="linear")
+    args = dict(
+        paged_kv_cache=small_cache(),
+        kv_cache_sf=small_cache_sf(),
+        kv_indices=kv_indices,
+        kv_indptr=kv_indptr,
+        kv_last_page_len=kv_last_page_len,
+        k_scale=0.5,
+        v_scale=0.25,
+        kv_layout="NHD",
+        out_dtype=torch.float32,
+        v_sf_layout="linear",
+    )
     args.update(changes)
     return args
 
@@ -433,74 +569,151 @@ def halves(t):
     return t[:, 0], t[:, 1]
 
 
-SCALE_BAD = [(True, TypeError, "must be a float or a one-element float32 tensor, got bool"),
-             ("1.0", TypeError, "must be a float or a one-element float32 tensor, got str"),
-             (None, TypeError, "must be a float or a one-element float32 tensor, got NoneType"),
-             (0.0, ValueError, "must be a positive finite float32 value, got 0.0"),
-             (0, ValueError, "must be a positive finite float32 value, got 0"),
-             (-1.0, ValueError, "must be a positive finite float32 value, got -1.0"),
-             (math.nan, ValueError, "must be a positive finite float32 value, got nan"),
-             (math.inf, ValueError, "must be a positive finite float32 value, got inf"),
-             (1e39, ValueError, "must be a positive finite float32 value"),  # inf in float32
-             (1e-46, ValueError, "must be a positive finite float32 value"),  # 0 in float32
-             (torch.full([HEAD_DIM], 0.5), ValueError, r"as a tensor must be a one-element float32 tensor on "
-                                                       r"paged_kv_cache's device \(cpu\), got dtype float32, shape "
-                                                       rf"\[{HEAD_DIM}\]"),
-             (torch.tensor([0.5], dtype=torch.float64), ValueError, "as a tensor must be a one-element float32"),
-             (torch.tensor([], dtype=torch.float32), ValueError, "as a tensor must be a one-element float32")]
+SCALE_BAD = [
+    (True, TypeError, "must be a float or a one-element float32 tensor, got bool"),
+    ("1.0", TypeError, "must be a float or a one-element float32 tensor, got str"),
+    (None, TypeError, "must be a float or a one-element float32 tensor, got NoneType"),
+    (0.0, ValueError, "must be a positive finite float32 value, got 0.0"),
+    (0, ValueError, "must be a positive finite float32 value, got 0"),
+    (-1.0, ValueError, "must be a positive finite float32 value, got -1.0"),
+    (math.nan, ValueError, "must be a positive finite float32 value, got nan"),
+    (math.inf, ValueError, "must be a positive finite float32 value, got inf"),
+    (1e39, ValueError, "must be a positive finite float32 value"),  # inf in float32
+    (1e-46, ValueError, "must be a positive finite float32 value"),  # 0 in float32
+    (
+        torch.full([HEAD_DIM], 0.5),
+        ValueError,
+        r"as a tensor must be a one-element float32 tensor on "
+        r"paged_kv_cache's device \(cpu\), got dtype float32, shape "
+        rf"\[{HEAD_DIM}\]",
+    ),
+    (torch.tensor([0.5], dtype=torch.float64), ValueError, "as a tensor must be a one-element float32"),
+    (torch.tensor([], dtype=torch.float32), ValueError, "as a tensor must be a one-element float32"),
+]
 
 DEQUANTIZE_METADATA = [
-    ("cache_float8", dict(paged_kv_cache=small_cache().view(torch.float8_e4m3fn)), ValueError,
-     "paged_kv_cache must have dtype uint8, got float8_e4m3fn"),
-    ("cache_half_dtype", dict(paged_kv_cache=(small_cache()[:, 0], small_cache()[:, 1].view(torch.int8))), ValueError,
-     r"paged_kv_cache\[1\] must have dtype uint8, got int8"),
-    ("cache_half_not_a_tensor", dict(paged_kv_cache=(small_cache()[:, 0], 3)), TypeError,
-     r"paged_kv_cache\[1\] must be a torch.Tensor, got int"),
-    ("cache_4d_stacked", dict(paged_kv_cache=small_cache()[:, 0]), ValueError,
-     r"paged_kv_cache as one tensor must be 5-D with K/V on dim 1 \(\[max_num_pages, 2, ...\]\), got shape "
-     r"\[4, 4, 2, 16\]"),
-    ("cache_three_on_dim_1", dict(paged_kv_cache=small_cache().repeat(1, 2, 1, 1, 1)[:, :3]), ValueError,
-     "paged_kv_cache as one tensor must be 5-D"),
-    ("cache_half_3d", dict(paged_kv_cache=(small_cache()[:, 0, 0], small_cache()[:, 1, 0])), ValueError,
-     r"paged_kv_cache\[0\] must be a 4-D tensor, got shape \[4, 2, 16\]"),
-    ("cache_head_dim_not_multiple_of_16", dict(paged_kv_cache=small_cache()[..., :12],
-                                               kv_cache_sf=small_cache_sf()[..., :1]), ValueError,
-     "paged_kv_cache must have a last dim head_dim/2 that is a multiple of 8, got shape"),
-    ("cache_no_entries", dict(paged_kv_cache=small_cache()[:, :, :0], kv_cache_sf=small_cache_sf()[:, :, :0]),
-     ValueError, "paged_kv_cache must have page_size >= 1"),
-    ("v_cache_other_shape", dict(paged_kv_cache=(small_cache()[:, 0], small_cache()[:3, 1])), ValueError,
-     r"paged_kv_cache\[1\] must have shape \[max_num_pages, page_size, num_kv_heads, head_dim/2\] = \[4, 4, 2, 16\] "
-     r"for kv_layout NHD, got \[3, 4, 2, 16\]"),
-    ("sf_uint8", dict(kv_cache_sf=small_cache_sf().view(torch.uint8)), ValueError,
-     "kv_cache_sf must have dtype float8_e4m3fn, got uint8"),
-    ("sf_head_dim", dict(kv_cache_sf=small_cache_sf()[..., :1]), ValueError,
-     r"kv_cache_sf must have shape \[max_num_pages, page_size, num_kv_heads, head_dim/16\] = \[4, 4, 2, 2\] for "
-     r"kv_layout NHD, got \[4, 4, 2, 1\]"),
+    (
+        "cache_float8",
+        dict(paged_kv_cache=small_cache().view(torch.float8_e4m3fn)),
+        ValueError,
+        "paged_kv_cache must have dtype uint8, got float8_e4m3fn",
+    ),
+    (
+        "cache_half_dtype",
+        dict(paged_kv_cache=(small_cache()[:, 0], small_cache()[:, 1].view(torch.int8))),
+        ValueError,
+        r"paged_kv_cache\[1\] must have dtype uint8, got int8",
+    ),
+    (
+        "cache_half_not_a_tensor",
+        dict(paged_kv_cache=(small_cache()[:, 0], 3)),
+        TypeError,
+        r"paged_kv_cache\[1\] must be a torch.Tensor, got int",
+    ),
+    (
+        "cache_4d_stacked",
+        dict(paged_kv_cache=small_cache()[:, 0]),
+        ValueError,
+        r"paged_kv_cache as one tensor must be 5-D with K/V on dim 1 \(\[max_num_pages, 2, ...\]\), got shape "
+        r"\[4, 4, 2, 16\]",
+    ),
+    (
+        "cache_three_on_dim_1",
+        dict(paged_kv_cache=small_cache().repeat(1, 2, 1, 1, 1)[:, :3]),
+        ValueError,
+        "paged_kv_cache as one tensor must be 5-D",
+    ),
+    (
+        "cache_half_3d",
+        dict(paged_kv_cache=(small_cache()[:, 0, 0], small_cache()[:, 1, 0])),
+        ValueError,
+        r"paged_kv_cache\[0\] must be a 4-D tensor, got shape \[4, 2, 16\]",
+    ),
+    (
+        "cache_head_dim_not_multiple_of_16",
+        dict(paged_kv_cache=small_cache()[..., :12], kv_cache_sf=small_cache_sf()[..., :1]),
+        ValueError,
+        "paged_kv_cache must have a last dim head_dim/2 that is a multiple of 8, got shape",
+    ),
+    (
+        "cache_no_entries",
+        dict(paged_kv_cache=small_cache()[:, :, :0], kv_cache_sf=small_cache_sf()[:, :, :0]),
+        ValueError,
+        "paged_kv_cache must have page_size >= 1",
+    ),
+    (
+        "v_cache_other_shape",
+        dict(paged_kv_cache=(small_cache()[:, 0], small_cache()[:3, 1])),
+        ValueError,
+        r"paged_kv_cache\[1\] must have shape \[max_num_pages, page_size, num_kv_heads, head_dim/2\] = \[4, 4, 2, 16\] "
+        r"for kv_layout NHD, got \[3, 4, 2, 16\]",
+    ),
+    (
+        "sf_uint8",
+        dict(kv_cache_sf=small_cache_sf().view(torch.uint8)),
+        ValueError,
+        "kv_cache_sf must have dtype float8_e4m3fn, got uint8",
+    ),
+    (
+        "sf_head_dim",
+        dict(kv_cache_sf=small_cache_sf()[..., :1]),
+        ValueError,
+        r"kv_cache_sf must have shape \[max_num_pages, page_size, num_kv_heads, head_dim/16\] = \[4, 4, 2, 2\] for "
+        r"kv_layout NHD, got \[4, 4, 2, 1\]",
+    ),
     ("sf_pages", dict(kv_cache_sf=halves(small_cache_sf()[:2])), ValueError, r"kv_cache_sf\[0\] must have shape"),
-    ("sf_wrong_layout", dict(kv_cache_sf=small_cache_sf(layout="HND")), ValueError,
-     r"kv_cache_sf must have shape .* = \[4, 4, 2, 2\] for kv_layout NHD, got \[4, 2, 4, 2\]"),
-    ("kv_layout_int", dict(kv_layout=0), TypeError, 'kv_layout must be a str, got int'),
+    (
+        "sf_wrong_layout",
+        dict(kv_cache_sf=small_cache_sf(layout="HND")),
+        ValueError,
+        r"kv_cache_sf must have shape .* = \[4, 4, 2, 2\] for kv_layout NHD, got \[4, 2, 4, 2\]",
+    ),
+    ("kv_layout_int", dict(kv_layout=0), TypeError, "kv_layout must be a str, got int"),
     ("kv_layout_name", dict(kv_layout="NDH"), ValueError, 'kv_layout must be "NHD" or "HND", got "NDH"'),
-    ("v_sf_layout_name", dict(v_sf_layout="interleaved"), ValueError,
-     'v_sf_layout must be "linear" or "trtllm", got "interleaved"'),
+    (
+        "v_sf_layout_name",
+        dict(v_sf_layout="interleaved"),
+        ValueError,
+        'v_sf_layout must be "linear" or "trtllm", got "interleaved"',
+    ),
     ("v_sf_layout_none", dict(v_sf_layout=None), TypeError, "v_sf_layout must be a str"),
-    ("v_sf_layout_trtllm_tiles", dict(v_sf_layout="trtllm"), ValueError,
-     r'v_sf_layout "trtllm" needs page_size % 4 == 0 and head_dim % 64 == 0, got page_size 4 and head_dim 32'),
-    ("out_dtype_int", dict(out_dtype=torch.int32), ValueError, "out_dtype must be a floating-point torch.dtype, "
-                                                               "got torch.int32"),
-    ("out_dtype_str", dict(out_dtype="bfloat16"), TypeError, "out_dtype must be a floating-point torch.dtype, got "
-                                                             "'bfloat16'"),
+    (
+        "v_sf_layout_trtllm_tiles",
+        dict(v_sf_layout="trtllm"),
+        ValueError,
+        r'v_sf_layout "trtllm" needs page_size % 4 == 0 and head_dim % 64 == 0, got page_size 4 and head_dim 32',
+    ),
+    (
+        "out_dtype_int",
+        dict(out_dtype=torch.int32),
+        ValueError,
+        "out_dtype must be a floating-point torch.dtype, got torch.int32",
+    ),
+    (
+        "out_dtype_str",
+        dict(out_dtype="bfloat16"),
+        TypeError,
+        "out_dtype must be a floating-point torch.dtype, got 'bfloat16'",
+    ),
     ("kv_indices_float", dict(kv_indices=index([3, 0, 2]).float()), ValueError, "kv_indices must be a 1-D int32"),
     ("kv_indices_list", dict(kv_indices=[3, 0, 2]), TypeError, "kv_indices must be a 1-D int32"),
     ("kv_indptr_2d", dict(kv_indptr=index([[0, 2, 3]])), ValueError, "kv_indptr must be a 1-D int32"),
-    ("kv_last_page_len_short", dict(kv_last_page_len=index([1])), ValueError,
-     r"kv_last_page_len must have len\(kv_indptr\) - 1 = 2 entries, got 1"),
-] + [(f"{name}_{i}", {name: bad}, error, f"{name} {message}") for name in ("k_scale", "v_scale")
-     for i, (bad, error, message) in enumerate(SCALE_BAD)]
+    (
+        "kv_last_page_len_short",
+        dict(kv_last_page_len=index([1])),
+        ValueError,
+        r"kv_last_page_len must have len\(kv_indptr\) - 1 = 2 entries, got 1",
+    ),
+] + [
+    (f"{name}_{i}", {name: bad}, error, f"{name} {message}")
+    for name in ("k_scale", "v_scale")
+    for i, (bad, error, message) in enumerate(SCALE_BAD)
+]
 
 
-@pytest.mark.parametrize("changes,error,message", [c[1:] for c in DEQUANTIZE_METADATA],
-                         ids=[c[0] for c in DEQUANTIZE_METADATA])
+@pytest.mark.parametrize(
+    "changes,error,message", [c[1:] for c in DEQUANTIZE_METADATA], ids=[c[0] for c in DEQUANTIZE_METADATA]
+)
 def test_dequantize_metadata(changes, error, message):
     with pytest.raises(error, match="^nvfp4kv.dequantize_paged_kv_cache: " + message) as raised:
         nvfp4kv.dequantize_paged_kv_cache(**dequantize_args(**changes))
@@ -508,8 +721,11 @@ def test_dequantize_metadata(changes, error, message):
 
 
 def test_dequantize_refuses_a_cache_that_is_not_a_pair():
-    with pytest.raises(TypeError, match=r"kv_cache_sf must be a tensor or a \(K, V\) tuple of two tensors, got list "
-                                        r"of length 1"):
+    with pytest.raises(
+        TypeError,
+        match=r"kv_cache_sf must be a tensor or a \(K, V\) tuple of two tensors, got list "
+        r"of length 1",
+    ):
         nvfp4kv.dequantize_paged_kv_cache(**dequantize_args(kv_cache_sf=[small_cache_sf()]))
 
 
@@ -528,20 +744,25 @@ def test_dequantize_valid_arguments_and_scales():
 
 # ---------------------------------------------------------------- convert_v_scale_layout
 
+
 def v_scales(shape=(3, 8, 2, 8)):
     return torch.zeros(shape, dtype=torch.uint8).view(torch.float8_e4m3fn)
 
 
 CONVERT_METADATA = [
     ("v_sf_list", dict(v_sf=[[1]]), TypeError, "v_sf must be a 4-D float8_e4m3fn or uint8 tensor, got list"),
-    ("v_sf_float32", dict(v_sf=torch.zeros(3, 8, 2, 8)), ValueError,
-     r"v_sf must be a 4-D float8_e4m3fn or uint8 tensor, got dtype float32, shape \[3, 8, 2, 8\]"),
+    (
+        "v_sf_float32",
+        dict(v_sf=torch.zeros(3, 8, 2, 8)),
+        ValueError,
+        r"v_sf must be a 4-D float8_e4m3fn or uint8 tensor, got dtype float32, shape \[3, 8, 2, 8\]",
+    ),
     ("v_sf_3d", dict(v_sf=v_scales((8, 2, 8))), ValueError, r"v_sf must be a 4-D .*, shape \[8, 2, 8\]"),
-    ("src_int", dict(src=1), TypeError, 'src must be a str, got int'),
+    ("src_int", dict(src=1), TypeError, "src must be a str, got int"),
     ("src_name", dict(src="swizzled"), ValueError, 'src must be "linear" or "trtllm", got "swizzled"'),
-    ("dst_none", dict(dst=None), TypeError, 'dst must be a str, got NoneType'),
+    ("dst_none", dict(dst=None), TypeError, "dst must be a str, got NoneType"),
     ("dst_name", dict(dst="TRTLLM"), ValueError, 'dst must be "linear" or "trtllm", got "TRTLLM"'),
-    ("kv_layout_bytes", dict(kv_layout=b"NHD"), TypeError, 'kv_layout must be a str, got bytes'),
+    ("kv_layout_bytes", dict(kv_layout=b"NHD"), TypeError, "kv_layout must be a str, got bytes"),
     ("kv_layout_name", dict(kv_layout="nhd"), ValueError, 'kv_layout must be "NHD" or "HND", got "nhd"'),
     ("tiles", dict(v_sf=v_scales((3, 6, 2, 8))), ValueError, "the trtllm layout needs page_size % 4 == 0"),
     ("out_not_a_tensor", dict(out=[0]), TypeError, "out must be a tensor matching v_sf, got list"),
@@ -550,8 +771,9 @@ CONVERT_METADATA = [
 ]
 
 
-@pytest.mark.parametrize("changes,error,message", [c[1:] for c in CONVERT_METADATA],
-                         ids=[c[0] for c in CONVERT_METADATA])
+@pytest.mark.parametrize(
+    "changes,error,message", [c[1:] for c in CONVERT_METADATA], ids=[c[0] for c in CONVERT_METADATA]
+)
 def test_convert_v_scale_layout_metadata(changes, error, message):
     args = dict(v_sf=v_scales(), src="linear", dst="trtllm", kv_layout="NHD", out=None)
     args.update(changes)
@@ -568,33 +790,68 @@ def test_convert_v_scale_layout_takes_uint8():
 
 # ---------------------------------------------------------------- e2m1_and_ufp8sf_scale_to_float
 
+
 def e2m1_args(**changes):
-    args = dict(e2m1_tensor=torch.zeros(2, 8, dtype=torch.uint8),
-                ufp8_scale_tensor=torch.zeros(2, 1, dtype=torch.uint8), global_scale_tensor=torch.tensor([1.0]),
-                sf_vec_size=16, ufp8_type=1, is_sf_swizzled_layout=False)
+    args = dict(
+        e2m1_tensor=torch.zeros(2, 8, dtype=torch.uint8),
+        ufp8_scale_tensor=torch.zeros(2, 1, dtype=torch.uint8),
+        global_scale_tensor=torch.tensor([1.0]),
+        sf_vec_size=16,
+        ufp8_type=1,
+        is_sf_swizzled_layout=False,
+    )
     args.update(changes)
     return args
 
 
 E2M1_METADATA = [
     ("e2m1_list", dict(e2m1_tensor=[[0]]), TypeError, "e2m1_tensor must be a 2-D uint8 tensor"),
-    ("e2m1_float", dict(e2m1_tensor=torch.zeros(2, 8)), ValueError,
-     r"e2m1_tensor must be a 2-D uint8 tensor \[M, K/2\] with K/2 a multiple of 8, got dtype float32, shape \[2, 8\]"),
+    (
+        "e2m1_float",
+        dict(e2m1_tensor=torch.zeros(2, 8)),
+        ValueError,
+        r"e2m1_tensor must be a 2-D uint8 tensor \[M, K/2\] with K/2 a multiple of 8, "
+        r"got dtype float32, shape \[2, 8\]",
+    ),
     ("e2m1_1d", dict(e2m1_tensor=torch.zeros(16, dtype=torch.uint8)), ValueError, "e2m1_tensor must be a 2-D uint8"),
-    ("e2m1_half_k_4", dict(e2m1_tensor=torch.zeros(2, 4, dtype=torch.uint8)), ValueError,
-     r"e2m1_tensor must be a 2-D uint8 tensor .*, got dtype uint8, shape \[2, 4\]"),
+    (
+        "e2m1_half_k_4",
+        dict(e2m1_tensor=torch.zeros(2, 4, dtype=torch.uint8)),
+        ValueError,
+        r"e2m1_tensor must be a 2-D uint8 tensor .*, got dtype uint8, shape \[2, 4\]",
+    ),
     ("scales_none", dict(ufp8_scale_tensor=None), TypeError, "ufp8_scale_tensor must be a uint8 or float8_e4m3fn"),
-    ("scales_float32", dict(ufp8_scale_tensor=torch.zeros(2, 1)), ValueError,
-     "ufp8_scale_tensor must be a uint8 or float8_e4m3fn tensor, got dtype float32"),
-    ("scales_count", dict(ufp8_scale_tensor=torch.zeros(3, dtype=torch.uint8)), ValueError,
-     r"ufp8_scale_tensor must hold M \* K/16 = 2 scales, got 3"),
-    ("global_float", dict(global_scale_tensor=1.0), TypeError,
-     "global_scale_tensor must be a one-element float32 tensor, got float"),
-    ("global_two", dict(global_scale_tensor=torch.tensor([1.0, 2.0])), ValueError,
-     r"global_scale_tensor must be a one-element float32 tensor, got dtype float32, shape \[2\]"),
+    (
+        "scales_float32",
+        dict(ufp8_scale_tensor=torch.zeros(2, 1)),
+        ValueError,
+        "ufp8_scale_tensor must be a uint8 or float8_e4m3fn tensor, got dtype float32",
+    ),
+    (
+        "scales_count",
+        dict(ufp8_scale_tensor=torch.zeros(3, dtype=torch.uint8)),
+        ValueError,
+        r"ufp8_scale_tensor must hold M \* K/16 = 2 scales, got 3",
+    ),
+    (
+        "global_float",
+        dict(global_scale_tensor=1.0),
+        TypeError,
+        "global_scale_tensor must be a one-element float32 tensor, got float",
+    ),
+    (
+        "global_two",
+        dict(global_scale_tensor=torch.tensor([1.0, 2.0])),
+        ValueError,
+        r"global_scale_tensor must be a one-element float32 tensor, got dtype float32, shape \[2\]",
+    ),
     ("global_empty", dict(global_scale_tensor=torch.tensor([])), ValueError, "global_scale_tensor must be a one"),
-    ("global_float64", dict(global_scale_tensor=torch.tensor([1.0], dtype=torch.float64)), ValueError,
-     "global_scale_tensor must be a one-element float32 tensor, got dtype float64"),
+    (
+        "global_float64",
+        dict(global_scale_tensor=torch.tensor([1.0], dtype=torch.float64)),
+        ValueError,
+        "global_scale_tensor must be a one-element float32 tensor, got dtype float64",
+    ),
 ]
 
 
@@ -617,13 +874,25 @@ def test_e2m1_and_ufp8sf_scale_to_float_scalar_shapes(device):
 
 # ---------------------------------------------------------------- global_scale_from_amax
 
-TINY = 2.0 ** -126
+TINY = 2.0**-126
 FLOAT32_MAX = 3.4028234663852886e38
 
 
-@pytest.mark.parametrize("amax,expected", [(2688.0, 1.0), (2688, 1.0), (1.0, 1.0 / 2688), (0.0, 1.0), (0, 1.0),
-                                           (1e-300, TINY), (5e-324, TINY), (TINY, TINY), (1e40, 1e40 / 2688),
-                                           (1e300, FLOAT32_MAX)])
+@pytest.mark.parametrize(
+    "amax,expected",
+    [
+        (2688.0, 1.0),
+        (2688, 1.0),
+        (1.0, 1.0 / 2688),
+        (0.0, 1.0),
+        (0, 1.0),
+        (1e-300, TINY),
+        (5e-324, TINY),
+        (TINY, TINY),
+        (1e40, 1e40 / 2688),
+        (1e300, FLOAT32_MAX),
+    ],
+)
 def test_global_scale_from_float_amax(amax, expected):
     scale = nvfp4kv.global_scale_from_amax(amax)
     assert type(scale) is float and scale == expected
@@ -631,8 +900,7 @@ def test_global_scale_from_float_amax(amax, expected):
 
 @pytest.mark.parametrize("amax", [math.nan, math.inf, -math.inf, -1.0, -1, -1e-300])
 def test_global_scale_from_bad_float_amax(amax):
-    with pytest.raises(ValueError, match="^nvfp4kv.global_scale_from_amax: amax must be a finite, non-negative "
-                                         "number"):
+    with pytest.raises(ValueError, match="^nvfp4kv.global_scale_from_amax: amax must be a finite, non-negative number"):
         nvfp4kv.global_scale_from_amax(amax)
 
 
@@ -661,6 +929,7 @@ def test_global_scale_from_tensor_amax_under_torch_compile():
 
 
 # ---------------------------------------------------------------- the cases that used to crash
+
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case_id", list(ISOLATED_CASES))

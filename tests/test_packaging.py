@@ -17,15 +17,24 @@ from nvfp4kv import library
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 # What a C++ shared library may need from the system besides torch.
-SYSTEM_LIBRARIES = ("libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so", "libstdc++.so", "libgcc_s.so",
-                    "ld-linux")
+SYSTEM_LIBRARIES = (
+    "libc.so",
+    "libm.so",
+    "libdl.so",
+    "libpthread.so",
+    "librt.so",
+    "libstdc++.so",
+    "libgcc_s.so",
+    "ld-linux",
+)
 
 
 def needed_libraries():
     if shutil.which("readelf") is None:
         pytest.skip("readelf not available")
-    dynamic = subprocess.run(["readelf", "-d", str(library.library_path())], check=True, capture_output=True,
-                             text=True).stdout
+    dynamic = subprocess.run(
+        ["readelf", "-d", str(library.library_path())], check=True, capture_output=True, text=True
+    ).stdout
     return [line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line]
 
 
@@ -83,10 +92,10 @@ def test_public_headers_are_installed():
     assert "quantize_block" in header.read_text()
 
 
-
 def test_cmake_package_is_installed():
     """find_package(nvfp4kv) with CMAKE_PREFIX_PATH=nvfp4kv.cmake_prefix_path (tests/cpp builds against it)."""
     from pathlib import Path
+
     prefix = Path(nvfp4kv.cmake_prefix_path)
     config = prefix / "lib" / "cmake" / "nvfp4kv" / "nvfp4kvConfig.cmake"
     if not (prefix / "lib" / "libnvfp4kv.so").exists() or library.library_path().parent != prefix / "lib":

@@ -6,12 +6,13 @@ import itertools
 
 import pytest
 import torch
+from conftest import assert_append_matches, assert_same_caches, compiled_error, page_geometry
 
 import nvfp4kv
 from nvfp4kv import reference
+
 import rounding_hazards
 from append_cases import cache_bytes, make_append_case
-from conftest import assert_append_matches, assert_same_caches, compiled_error, page_geometry
 
 COMBOS = list(itertools.product(["NHD", "HND"], [False, True], ["linear", "trtllm"], ["none", "4over6"]))
 
@@ -19,8 +20,15 @@ COMBOS = list(itertools.product(["NHD", "HND"], [False, True], ["linear", "trtll
 @pytest.mark.parametrize("layout,stacked,v_sf_layout,scale_search", COMBOS)
 def test_page_table_variant_matches_reference(device, layout, stacked, v_sf_layout, scale_search):
     seed = COMBOS.index((layout, stacked, v_sf_layout, scale_search))
-    case = make_append_case(layout=layout, stacked=stacked, head_dim=128, page_size=8, num_heads=3, seed=100 + seed,
-                            dtype=torch.float16 if seed % 2 else torch.bfloat16)
+    case = make_append_case(
+        layout=layout,
+        stacked=stacked,
+        head_dim=128,
+        page_size=8,
+        num_heads=3,
+        seed=100 + seed,
+        dtype=torch.float16 if seed % 2 else torch.bfloat16,
+    )
     assert_append_matches(case, device, v_sf_layout=v_sf_layout, scale_search=scale_search)
 
 
@@ -28,14 +36,25 @@ def test_page_table_variant_matches_reference(device, layout, stacked, v_sf_layo
 def test_slot_mapping_variant_matches_reference(device, layout, stacked, v_sf_layout, scale_search):
     case = make_append_case(layout=layout, stacked=stacked, head_dim=64, page_size=4, seed=7)
     num_pages, _ = page_geometry(case)
-    slots = torch.randperm(num_pages * 4, generator=torch.Generator().manual_seed(8))[:case.append_key.shape[0] - 1]
+    slots = torch.randperm(num_pages * 4, generator=torch.Generator().manual_seed(8))[: case.append_key.shape[0] - 1]
     slots[0] = -1
     ours, theirs = case.cloned().to(device), case.cloned()
     options = dict(v_sf_layout=v_sf_layout, scale_search=scale_search)
-    for target, fn, s in ((ours, nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping, slots.to(device)),
-                          (theirs, reference.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping, slots)):
-        fn(target.append_key, target.append_value, s, target.paged_kv_cache, target.kv_cache_sf, target.k_scale,
-           target.v_scale, target.kv_layout, **options)
+    for target, fn, s in (
+        (ours, nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping, slots.to(device)),
+        (theirs, reference.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping, slots),
+    ):
+        fn(
+            target.append_key,
+            target.append_value,
+            s,
+            target.paged_kv_cache,
+            target.kv_cache_sf,
+            target.k_scale,
+            target.v_scale,
+            target.kv_layout,
+            **options,
+        )
     assert_same_caches(ours, theirs)
 
 
@@ -47,7 +66,7 @@ def test_four_over_six_matches_reference_on_hard_inputs(device, kind):
     if kind == "outliers":
         x[..., torch.randint(0, 256, (8,), generator=g)] *= 40
     elif kind == "heavy_tail":
-        x = x ** 3  # heavy tails: kurtosis far above a Gaussian's
+        x = x**3  # heavy tails: kurtosis far above a Gaussian's
     case = dataclasses.replace(case, append_key=x.to(torch.bfloat16), append_value=(-x).to(torch.bfloat16))
     assert_append_matches(case, device, scale_search="4over6")
 
@@ -72,9 +91,21 @@ def test_trtllm_layout_offsets_by_hand(device, layout):
     cache_sf = torch.zeros(2, 2, *inner, blocks, dtype=torch.uint8, device=device)
     row = torch.randn(1, heads, head_dim, generator=torch.Generator().manual_seed(12)).to(torch.bfloat16).to(device)
     index = lambda *v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(row, row, index(0), index(6), cache,
-                                                 cache_sf.view(torch.float8_e4m3fn), index(1), index(0, 1), index(7),
-                                                 0.01, 0.01, layout, v_sf_layout="trtllm")
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+        row,
+        row,
+        index(0),
+        index(6),
+        cache,
+        cache_sf.view(torch.float8_e4m3fn),
+        index(1),
+        index(0, 1),
+        index(7),
+        0.01,
+        0.01,
+        layout,
+        v_sf_layout="trtllm",
+    )
     k_sf, v_sf = cache_sf[1, 0].cpu(), cache_sf[1, 1].cpu()
     for h in range(heads):
         k_row = k_sf[6, h] if layout == "NHD" else k_sf[h, 6]
@@ -90,8 +121,9 @@ def test_convert_v_scale_layout_round_trip_and_in_place(device, layout):
     shape = (3, 8, 2, 8) if layout == "NHD" else (3, 2, 8, 8)
     linear = torch.randint(0, 127, shape, dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn).to(device)
     trtllm = nvfp4kv.convert_v_scale_layout(linear, "linear", "trtllm", kv_layout=layout)
-    assert torch.equal(trtllm.view(torch.uint8).cpu(),
-                       reference.v_scales_linear_to_trtllm(linear.cpu(), layout).view(torch.uint8))
+    assert torch.equal(
+        trtllm.view(torch.uint8).cpu(), reference.v_scales_linear_to_trtllm(linear.cpu(), layout).view(torch.uint8)
+    )
     back = nvfp4kv.convert_v_scale_layout(trtllm, "trtllm", "linear", kv_layout=layout)
     assert torch.equal(back.view(torch.uint8), linear.view(torch.uint8))
     in_place = linear.clone()
@@ -108,8 +140,17 @@ def test_readback_of_a_trtllm_cache(device):
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*linear.args())
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*trtllm.args(), v_sf_layout="trtllm")
     read = lambda c, **kw: nvfp4kv.dequantize_paged_kv_cache(  # noqa: E731
-        c.paged_kv_cache, c.kv_cache_sf, c.kv_indices, c.kv_indptr, c.kv_last_page_len, c.k_scale, c.v_scale,
-        c.kv_layout, torch.float32, **kw)
+        c.paged_kv_cache,
+        c.kv_cache_sf,
+        c.kv_indices,
+        c.kv_indptr,
+        c.kv_last_page_len,
+        c.k_scale,
+        c.v_scale,
+        c.kv_layout,
+        torch.float32,
+        **kw,
+    )
     k1, v1 = read(linear)
     k2, v2 = read(trtllm, v_sf_layout="trtllm")
     # Only the appended tokens hold the same values; the rest of each request is poison, read through
@@ -128,8 +169,12 @@ BAD = [
     ("scale_search_name", dict(scale_search="4over5"), {}, "scale_search must be"),
     ("trtllm_page_size", dict(v_sf_layout="trtllm"), dict(page_size=6), "needs page_size % 4 == 0"),
     ("trtllm_head_dim", dict(v_sf_layout="trtllm"), dict(head_dim=48), "needs head_dim % 64 == 0"),
-    ("trtllm_hnd_strided_tiles", dict(v_sf_layout="trtllm"), dict(layout="HND", strided_cache=True),
-     "must have contiguous [page_size, head_dim/16] tiles"),
+    (
+        "trtllm_hnd_strided_tiles",
+        dict(v_sf_layout="trtllm"),
+        dict(layout="HND", strided_cache=True),
+        "must have contiguous [page_size, head_dim/16] tiles",
+    ),
 ]
 
 
@@ -148,15 +193,18 @@ def test_trtllm_needs_equal_k_and_v_scale_strides():
     case = make_append_case(head_dim=64, page_size=8, seed=16)
     k_sf, v_sf = case.kv_cache_sf
     v_strided = torch.zeros(v_sf.shape[0], v_sf.shape[1], v_sf.shape[2], 8, dtype=torch.uint8)[..., :4].view(
-        torch.float8_e4m3fn)
+        torch.float8_e4m3fn
+    )
     bad = dataclasses.replace(case, kv_cache_sf=(k_sf.contiguous(), v_strided))
     with pytest.raises(ValueError, match=r"kv_cache_sf\[1\] must have the same strides as the K scales"):
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*bad.args(), v_sf_layout="trtllm")
 
 
 # (input significand bits, tau, n, scale byte) of rounding_hazards.find_hazard, for K and V.
-HAZARDS = {torch.bfloat16: ((8, 5, 201, 0x38), (8, 6, 233, 0x30)),
-           torch.float16: ((11, 4, 1111, 0x30), (11, 5, 1703, 0x38))}
+HAZARDS = {
+    torch.bfloat16: ((8, 5, 201, 0x38), (8, 6, 233, 0x30)),
+    torch.float16: ((11, 4, 1111, 0x30), (11, 5, 1703, 0x38)),
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

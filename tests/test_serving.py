@@ -8,12 +8,13 @@ import sys
 
 import pytest
 import torch
+from conftest import assert_same_caches, compiled_error, has_cuda, page_geometry, seed_of
 
 import nvfp4kv
 from nvfp4kv import reference
 from nvfp4kv.fp4_quantization import e2m1_and_ufp8sf_scale_to_float
+
 from append_cases import cache_bytes, make_append_case
-from conftest import assert_same_caches, compiled_error, has_cuda, page_geometry, seed_of
 
 
 def slot_mapping_for(case, generator, padding=True, out_of_range=True, extra_rows=2):
@@ -30,9 +31,16 @@ def slot_mapping_for(case, generator, padding=True, out_of_range=True, extra_row
 
 
 def slot_args(case, slots, k_scale=None, v_scale=None):
-    return (case.append_key, case.append_value, slots, case.paged_kv_cache, case.kv_cache_sf,
-            case.k_scale if k_scale is None else k_scale, case.v_scale if v_scale is None else v_scale,
-            case.kv_layout)
+    return (
+        case.append_key,
+        case.append_value,
+        slots,
+        case.paged_kv_cache,
+        case.kv_cache_sf,
+        case.k_scale if k_scale is None else k_scale,
+        case.v_scale if v_scale is None else v_scale,
+        case.kv_layout,
+    )
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -40,8 +48,15 @@ def slot_args(case, slots, k_scale=None, v_scale=None):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_slot_mapping_matches_reference(device, layout, stacked, index_dtype):
     g = torch.Generator().manual_seed(seed_of(layout, stacked, index_dtype))
-    case = make_append_case(layout=layout, stacked=stacked, index_dtype=index_dtype, head_dim=80, page_size=5,
-                            strided_input=stacked, seed=int(torch.randint(0, 1000, (1,), generator=g)))
+    case = make_append_case(
+        layout=layout,
+        stacked=stacked,
+        index_dtype=index_dtype,
+        head_dim=80,
+        page_size=5,
+        strided_input=stacked,
+        seed=int(torch.randint(0, 1000, (1,), generator=g)),
+    )
     slots = slot_mapping_for(case, g)
     ours, theirs = case.cloned().to(device), case.cloned()
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(*slot_args(ours, slots.to(device)))
@@ -73,13 +88,15 @@ def test_tensor_scales_give_the_float_scale_bytes(device, variant, global_scale)
     with_floats, with_tensors = case.cloned(), case.cloned()
     if variant == "page_table":
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*with_floats.args())
-        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*dataclasses.replace(with_tensors, k_scale=k_tensor,
-                                                                          v_scale=v_tensor).args())
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+            *dataclasses.replace(with_tensors, k_scale=k_tensor, v_scale=v_tensor).args()
+        )
     else:
         slots = slot_mapping_for(case, torch.Generator().manual_seed(1)).to(device)
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(*slot_args(with_floats, slots))
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-            *slot_args(with_tensors, slots, k_tensor, v_tensor))
+            *slot_args(with_tensors, slots, k_tensor, v_tensor)
+        )
     assert_same_caches(with_floats, with_tensors)
     assert not torch.equal(cache_bytes(case.paged_kv_cache), cache_bytes(with_floats.paged_kv_cache))
 
@@ -100,17 +117,23 @@ def test_bad_tensor_scale_leaves_its_rows_untouched(device, bad):
         assert torch.equal(got[1].cpu().view(torch.uint8), written[1].cpu().view(torch.uint8)), "V differs"
 
 
-@pytest.mark.parametrize("tensor,expected", [
-    (lambda d: torch.tensor([0.5], dtype=torch.float64, device=d), "dtype float64"),
-    (lambda d: torch.tensor([0.5, 0.5], device=d), "shape [2]"),
-    (lambda d: torch.tensor([0.5], device="meta"), "device meta"),
-])
+@pytest.mark.parametrize(
+    "tensor,expected",
+    [
+        (lambda d: torch.tensor([0.5], dtype=torch.float64, device=d), "dtype float64"),
+        (lambda d: torch.tensor([0.5, 0.5], device=d), "shape [2]"),
+        (lambda d: torch.tensor([0.5], device="meta"), "device meta"),
+    ],
+)
 def test_tensor_scale_metadata_is_checked(tensor, expected):
     case = make_append_case(seed=33)
     before = cache_bytes(case.paged_kv_cache)
     bad = dataclasses.replace(case, v_scale=tensor("cpu"))
-    with pytest.raises(ValueError, match=r"nvfp4kv\.append_paged_kv_cache: v_scale as a tensor must be a "
-                                         r"one-element float32 tensor on append_key's device \(cpu\)") as error:
+    with pytest.raises(
+        ValueError,
+        match=r"nvfp4kv\.append_paged_kv_cache: v_scale as a tensor must be a "
+        r"one-element float32 tensor on append_key's device \(cpu\)",
+    ) as error:
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*bad.args())
     assert expected in str(error.value)
     assert torch.equal(cache_bytes(case.paged_kv_cache), before)
@@ -123,8 +146,11 @@ SLOT_BAD_CASES = [
     ("layout", lambda c, s: (dataclasses.replace(c, kv_layout="XYZ"), s), "kv_layout"),
     ("key_dtype", lambda c, s: (dataclasses.replace(c, append_key=c.append_key.float()), s), "append_key"),
     ("k_scale", lambda c, s: (dataclasses.replace(c, k_scale=0.0), s), "k_scale"),
-    ("sf_dtype", lambda c, s: (dataclasses.replace(c, kv_cache_sf=(c.kv_cache_sf[0].view(torch.uint8),
-                                                                   c.kv_cache_sf[1])), s), "kv_cache_sf[0]"),
+    (
+        "sf_dtype",
+        lambda c, s: (dataclasses.replace(c, kv_cache_sf=(c.kv_cache_sf[0].view(torch.uint8), c.kv_cache_sf[1])), s),
+        "kv_cache_sf[0]",
+    ),
 ]
 
 
@@ -139,8 +165,10 @@ def test_slot_mapping_bad_input(mutate, argument):
     message = str(eager.value)
     assert message.startswith(f"nvfp4kv.append_paged_kv_cache_with_slot_mapping: {argument} "), message
     assert torch.equal(cache_bytes(case.paged_kv_cache), before)
-    assert compiled_error(nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping,
-                             *slot_args(bad_case, bad_slots)) == message
+    assert (
+        compiled_error(nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping, *slot_args(bad_case, bad_slots))
+        == message
+    )
 
 
 def test_slot_mapping_compiles_without_cache_copies():
@@ -153,8 +181,9 @@ def test_slot_mapping_compiles_without_cache_copies():
 
     @torch.compile(fullgraph=True)
     def step(key, value, slots, cache, cache_sf, k_scale):
-        nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(key, value, slots, cache, cache_sf, k_scale,
-                                                                       case.v_scale, "NHD")
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+            key, value, slots, cache, cache_sf, k_scale, case.v_scale, "NHD"
+        )
 
     step(case.append_key, case.append_value, slots, case.paged_kv_cache, case.kv_cache_sf, k_tensor)
     assert_same_caches(case, eager)
@@ -165,12 +194,26 @@ def test_opcheck_slot_mapping():
     slots = slot_mapping_for(case, torch.Generator().manual_seed(4))
     torch.library.opcheck(
         torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping.default,
-        (case.append_key, case.append_value, slots, case.paged_kv_cache, None, case.kv_cache_sf, None, case.k_scale,
-         case.v_scale, "NHD", torch.tensor([case.k_scale]), None),
-        test_utils=("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"))
+        (
+            case.append_key,
+            case.append_value,
+            slots,
+            case.paged_kv_cache,
+            None,
+            case.kv_cache_sf,
+            None,
+            case.k_scale,
+            case.v_scale,
+            "NHD",
+            torch.tensor([case.k_scale]),
+            None,
+        ),
+        test_utils=("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"),
+    )
 
 
 # ---------------------------------------------------------------- debug mode
+
 
 @pytest.fixture
 def debug_mode():
@@ -189,21 +232,43 @@ def test_debug_mode_accepts_valid_calls(device, debug_mode):
     assert_same_caches(case, expected)
 
 
-@pytest.mark.parametrize("corrupt,message", [
-    (lambda c: setattr(c, "batch_indices", torch.where(torch.arange(c.batch_indices.numel()) == 3,
-                                                       99, c.batch_indices.cpu()).to(c.batch_indices)),
-     r"row 3: batch index 99 is outside \[0, 3\)"),
-    (lambda c: setattr(c, "positions", torch.where(torch.arange(c.positions.numel()) == 2, -5,
-                                                   c.positions.cpu()).to(c.positions)),
-     r"row 2: position -5 is negative"),
-    (lambda c: setattr(c, "positions", torch.where(torch.arange(c.positions.numel()) == 1, 10**6,
-                                                   c.positions.cpu()).to(c.positions)),
-     r"row 1: position 1000000 is beyond request \d+'s sequence length \d+"),
-    (lambda c: setattr(c, "kv_indices", torch.full_like(c.kv_indices, 10**5)),
-     r"row 0: kv_indices\[\d+\] = 100000 is outside the cache's pages \[0, \d+\)"),
-    (lambda c: setattr(c, "k_scale", torch.tensor([float("nan")], device=c.append_key.device)),
-     r"k_scale tensor holds nan, not a positive finite scale, so the K rows would be skipped"),
-])
+@pytest.mark.parametrize(
+    "corrupt,message",
+    [
+        (
+            lambda c: setattr(
+                c,
+                "batch_indices",
+                torch.where(torch.arange(c.batch_indices.numel()) == 3, 99, c.batch_indices.cpu()).to(c.batch_indices),
+            ),
+            r"row 3: batch index 99 is outside \[0, 3\)",
+        ),
+        (
+            lambda c: setattr(
+                c,
+                "positions",
+                torch.where(torch.arange(c.positions.numel()) == 2, -5, c.positions.cpu()).to(c.positions),
+            ),
+            r"row 2: position -5 is negative",
+        ),
+        (
+            lambda c: setattr(
+                c,
+                "positions",
+                torch.where(torch.arange(c.positions.numel()) == 1, 10**6, c.positions.cpu()).to(c.positions),
+            ),
+            r"row 1: position 1000000 is beyond request \d+'s sequence length \d+",
+        ),
+        (
+            lambda c: setattr(c, "kv_indices", torch.full_like(c.kv_indices, 10**5)),
+            r"row 0: kv_indices\[\d+\] = 100000 is outside the cache's pages \[0, \d+\)",
+        ),
+        (
+            lambda c: setattr(c, "k_scale", torch.tensor([float("nan")], device=c.append_key.device)),
+            r"k_scale tensor holds nan, not a positive finite scale, so the K rows would be skipped",
+        ),
+    ],
+)
 def test_debug_mode_names_the_first_bad_row(device, corrupt, message, debug_mode):
     case = make_append_case(seed=38, batch_size=3, max_tokens=30).to(device)
     corrupt(case)
@@ -223,8 +288,13 @@ def test_debug_mode_slot_beyond_cache(device, debug_mode):
 
 def test_debug_mode_from_environment():
     code = "import nvfp4kv, nvfp4kv.debug_checks as d; print(d.enabled())"
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NVFP4KV_DEBUG": "1"},
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "NVFP4KV_DEBUG": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == "True"
 
 
@@ -238,6 +308,7 @@ def test_debug_mode_refuses_graph_capture(debug_mode):
 
 
 # ---------------------------------------------------------------- readback and calibration
+
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("stacked", [False, True])
@@ -265,12 +336,26 @@ def test_dequantize_paged_kv_cache_reads_back_every_request(device, layout, stac
     to = lambda t: t.to(device)  # noqa: E731
     caches = tuple(to(c) if isinstance(c, torch.Tensor) else tuple(map(to, c)) for c in caches)
     k_scale, v_scale = 0.003, 0.004
-    scales = (torch.tensor([k_scale], device=device), torch.tensor([v_scale], device=device)) if tensor_scales \
+    scales = (
+        (torch.tensor([k_scale], device=device), torch.tensor([v_scale], device=device))
+        if tensor_scales
         else (k_scale, v_scale)
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(to(key), to(value), to(batch_indices), to(positions), *caches,
-                                                 to(kv_indices), to(kv_indptr), to(last), *scales, layout)
-    k, v = nvfp4kv.dequantize_paged_kv_cache(*caches, to(kv_indices), to(kv_indptr), to(last), *scales, layout,
-                                             out_dtype=torch.float32)
+    )
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+        to(key),
+        to(value),
+        to(batch_indices),
+        to(positions),
+        *caches,
+        to(kv_indices),
+        to(kv_indptr),
+        to(last),
+        *scales,
+        layout,
+    )
+    k, v = nvfp4kv.dequantize_paged_kv_cache(
+        *caches, to(kv_indices), to(kv_indptr), to(last), *scales, layout, out_dtype=torch.float32
+    )
     assert k.shape == (total, heads, head_dim) and k.dtype == torch.float32 and k.device.type == device
     expected_k = reference.dequantize(*reference.quantize(key, k_scale), k_scale)
     expected_v = reference.dequantize(*reference.quantize(value, v_scale), v_scale)

@@ -10,8 +10,8 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4kv
-from append_cases import cache_bytes, make_append_case
 
+from append_cases import cache_bytes, make_append_case
 
 # opcheck's test_schema compares tensors with allclose, which torch does not implement for float8
 # (the scale caches); test_mutation_annotations_are_exact checks that contract directly.
@@ -20,15 +20,28 @@ SAFE_FOR_FLOAT8 = ("test_faketensor", "test_autograd_registration", "test_aot_di
 
 def separate_tuple(case):
     """Tuple caches backed by two separate allocations."""
-    return case.with_caches(tuple(t.clone() for t in case.paged_kv_cache),
-                            tuple(t.clone() for t in case.kv_cache_sf))
+    return case.with_caches(tuple(t.clone() for t in case.paged_kv_cache), tuple(t.clone() for t in case.kv_cache_sf))
 
 
 def op_args(case):
     k, v = (case.paged_kv_cache, None) if isinstance(case.paged_kv_cache, torch.Tensor) else case.paged_kv_cache
     k_sf, v_sf = (case.kv_cache_sf, None) if isinstance(case.kv_cache_sf, torch.Tensor) else case.kv_cache_sf
-    return (case.append_key, case.append_value, case.batch_indices, case.positions, k, v, k_sf, v_sf,
-            case.kv_indices, case.kv_indptr, case.kv_last_page_len, case.k_scale, case.v_scale, case.kv_layout)
+    return (
+        case.append_key,
+        case.append_value,
+        case.batch_indices,
+        case.positions,
+        k,
+        v,
+        k_sf,
+        v_sf,
+        case.kv_indices,
+        case.kv_indptr,
+        case.kv_last_page_len,
+        case.k_scale,
+        case.v_scale,
+        case.kv_layout,
+    )
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -37,8 +50,7 @@ def test_opcheck_append(stacked, layout):
     case = make_append_case(stacked=stacked, layout=layout, head_dim=32, num_heads=2, page_size=4, seed=12)
     if not stacked:
         case = separate_tuple(case)
-    torch.library.opcheck(torch.ops.nvfp4kv.append_paged_kv_cache.default, op_args(case),
-                          test_utils=SAFE_FOR_FLOAT8)
+    torch.library.opcheck(torch.ops.nvfp4kv.append_paged_kv_cache.default, op_args(case), test_utils=SAFE_FOR_FLOAT8)
 
 
 def test_mutation_annotations_are_exact():
@@ -53,8 +65,10 @@ def test_mutation_annotations_are_exact():
     torch.ops.nvfp4kv.append_paged_kv_cache(*args)
     for argument, old, new in zip(schema.arguments, before, args):
         if isinstance(new, torch.Tensor):
-            changed = not torch.equal(old.view(torch.uint8) if old.element_size() == 1 else old,
-                                      new.view(torch.uint8) if new.element_size() == 1 else new)
+            changed = not torch.equal(
+                old.view(torch.uint8) if old.element_size() == 1 else old,
+                new.view(torch.uint8) if new.element_size() == 1 else new,
+            )
             assert changed == (argument.name in written), argument.name
 
 
@@ -66,8 +80,20 @@ def test_opcheck_dequantize():
 
 def decode_step(key, value, batch_indices, positions, cache, cache_sf, kv_indices, kv_indptr, kv_last_page_len):
     """What a model's attention layer does: some math on K/V, then the append."""
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(key * 2.0, value, batch_indices, positions, cache, cache_sf,
-                                                 kv_indices, kv_indptr, kv_last_page_len, 0.01, 0.02, "NHD")
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+        key * 2.0,
+        value,
+        batch_indices,
+        positions,
+        cache,
+        cache_sf,
+        kv_indices,
+        kv_indptr,
+        kv_last_page_len,
+        0.01,
+        0.02,
+        "NHD",
+    )
 
 
 @pytest.mark.parametrize("caches", ["separate_tuple", "stacked"])  # shared storage: test_compile_modes.py
@@ -77,13 +103,31 @@ def test_compile_fullgraph_matches_eager_without_cache_copies(caches):
     if caches == "separate_tuple":
         case = separate_tuple(case)
     eager = case.cloned()
-    decode_step(eager.append_key, eager.append_value, eager.batch_indices, eager.positions, eager.paged_kv_cache,
-                eager.kv_cache_sf, eager.kv_indices, eager.kv_indptr, eager.kv_last_page_len)
+    decode_step(
+        eager.append_key,
+        eager.append_value,
+        eager.batch_indices,
+        eager.positions,
+        eager.paged_kv_cache,
+        eager.kv_cache_sf,
+        eager.kv_indices,
+        eager.kv_indptr,
+        eager.kv_last_page_len,
+    )
 
     compiled = torch.compile(decode_step, fullgraph=True)
-    _, codes = run_and_get_code(compiled, case.append_key, case.append_value, case.batch_indices, case.positions,
-                                case.paged_kv_cache, case.kv_cache_sf, case.kv_indices, case.kv_indptr,
-                                case.kv_last_page_len)
+    _, codes = run_and_get_code(
+        compiled,
+        case.append_key,
+        case.append_value,
+        case.batch_indices,
+        case.positions,
+        case.paged_kv_cache,
+        case.kv_cache_sf,
+        case.kv_indices,
+        case.kv_indptr,
+        case.kv_last_page_len,
+    )
     assert torch.equal(cache_bytes(case.paged_kv_cache), cache_bytes(eager.paged_kv_cache))
     assert torch.equal(cache_bytes(case.kv_cache_sf), cache_bytes(eager.kv_cache_sf))
 
@@ -102,21 +146,64 @@ def test_compile_dynamic_nnz_reuses_the_graph():
     for seed, batch in ((1, 3), (2, 5)):
         case = make_append_case(stacked=True, batch_size=batch, decode=True, seed=seed, head_dim=64)
         eager = case.cloned()
-        decode_step(eager.append_key, eager.append_value, eager.batch_indices, eager.positions,
-                    eager.paged_kv_cache, eager.kv_cache_sf, eager.kv_indices, eager.kv_indptr,
-                    eager.kv_last_page_len)
-        compiled(case.append_key, case.append_value, case.batch_indices, case.positions, case.paged_kv_cache,
-                 case.kv_cache_sf, case.kv_indices, case.kv_indptr, case.kv_last_page_len)
+        decode_step(
+            eager.append_key,
+            eager.append_value,
+            eager.batch_indices,
+            eager.positions,
+            eager.paged_kv_cache,
+            eager.kv_cache_sf,
+            eager.kv_indices,
+            eager.kv_indptr,
+            eager.kv_last_page_len,
+        )
+        compiled(
+            case.append_key,
+            case.append_value,
+            case.batch_indices,
+            case.positions,
+            case.paged_kv_cache,
+            case.kv_cache_sf,
+            case.kv_indices,
+            case.kv_indptr,
+            case.kv_last_page_len,
+        )
         assert torch.equal(cache_bytes(case.paged_kv_cache), cache_bytes(eager.paged_kv_cache)), f"seed {seed}"
 
 
 @torch.jit.script
-def scripted_append(key: torch.Tensor, value: torch.Tensor, batch_indices: torch.Tensor, positions: torch.Tensor,
-                    k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], k_sf: torch.Tensor,
-                    v_sf: Optional[torch.Tensor], kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
-                    kv_last_page_len: torch.Tensor, k_scale: float, v_scale: float, kv_layout: str):
-    torch.ops.nvfp4kv.append_paged_kv_cache(key, value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf,
-                                            kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout)
+def scripted_append(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: Optional[torch.Tensor],
+    k_sf: torch.Tensor,
+    v_sf: Optional[torch.Tensor],
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+    kv_layout: str,
+):
+    torch.ops.nvfp4kv.append_paged_kv_cache(
+        key,
+        value,
+        batch_indices,
+        positions,
+        k_cache,
+        v_cache,
+        k_sf,
+        v_sf,
+        kv_indices,
+        kv_indptr,
+        kv_last_page_len,
+        k_scale,
+        v_scale,
+        kv_layout,
+    )
     return torch.ops.nvfp4kv.dequantize(k_cache, k_sf, k_scale) if v_cache is not None else key.float()
 
 
@@ -145,10 +232,12 @@ def test_eager_calls_hold_no_host_memory():
 
     def calls(n):
         for _ in range(n):
-            nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*rows, case.batch_indices[:0], case.positions[:0],
-                                                         *case.args()[4:])
-            nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(*rows, slots, case.paged_kv_cache,
-                                                                           case.kv_cache_sf, 1.0, 1.0)
+            nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+                *rows, case.batch_indices[:0], case.positions[:0], *case.args()[4:]
+            )
+            nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+                *rows, slots, case.paged_kv_cache, case.kv_cache_sf, 1.0, 1.0
+            )
 
     calls(1000)
     before = resident_bytes()
@@ -163,14 +252,26 @@ def test_calls_give_back_every_tensor_reference(device):
     case = make_append_case(seed=21).to(device)
     k_scale = torch.tensor([0.5], device=device)
     slots = torch.arange(case.append_key.shape[0], device=device)
-    tensors = [case.append_key, case.append_value, case.batch_indices, case.positions, *case.paged_kv_cache,
-               *case.kv_cache_sf, case.kv_indices, case.kv_indptr, case.kv_last_page_len, k_scale, slots]
+    tensors = [
+        case.append_key,
+        case.append_value,
+        case.batch_indices,
+        case.positions,
+        *case.paged_kv_cache,
+        *case.kv_cache_sf,
+        case.kv_indices,
+        case.kv_indptr,
+        case.kv_last_page_len,
+        k_scale,
+        slots,
+    ]
     before = [sys.getrefcount(t) for t in tensors]
     for _ in range(20):
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args())
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args()[:9], k_scale, 1.0, case.kv_layout)
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-            case.append_key, case.append_value, slots, case.paged_kv_cache, case.kv_cache_sf, k_scale, k_scale)
+            case.append_key, case.append_value, slots, case.paged_kv_cache, case.kv_cache_sf, k_scale, k_scale
+        )
         with pytest.raises(ValueError, match="kv_layout"):
             nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args()[:11], "XYZ")
     if device == "cuda":
@@ -179,13 +280,39 @@ def test_calls_give_back_every_tensor_reference(device):
 
 
 @torch.jit.script
-def forked_append(key: torch.Tensor, value: torch.Tensor, batch_indices: torch.Tensor, positions: torch.Tensor,
-                  k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], k_sf: torch.Tensor,
-                  v_sf: Optional[torch.Tensor], kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
-                  kv_last_page_len: torch.Tensor, k_scale: float, v_scale: float, kv_layout: str):
-    future = torch.jit.fork(torch.ops.nvfp4kv.append_paged_kv_cache, key, value, batch_indices, positions, k_cache,
-                            v_cache, k_sf, v_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale,
-                            kv_layout)
+def forked_append(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: Optional[torch.Tensor],
+    k_sf: torch.Tensor,
+    v_sf: Optional[torch.Tensor],
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+    kv_layout: str,
+):
+    future = torch.jit.fork(
+        torch.ops.nvfp4kv.append_paged_kv_cache,
+        key,
+        value,
+        batch_indices,
+        positions,
+        k_cache,
+        v_cache,
+        k_sf,
+        v_sf,
+        kv_indices,
+        kv_indptr,
+        kv_last_page_len,
+        k_scale,
+        v_scale,
+        kv_layout,
+    )
     torch.jit.wait(future)
 
 
@@ -203,6 +330,7 @@ def test_torchscript_fork_calls_from_a_thread_python_never_saw():
 
 def test_page_module_is_the_same_api():
     from nvfp4kv.page import nvfp4_quantize_append_paged_kv_cache
+
     assert nvfp4_quantize_append_paged_kv_cache is nvfp4kv.nvfp4_quantize_append_paged_kv_cache
 
 
@@ -227,7 +355,6 @@ def test_helpers_drive_the_op_like_flashinfer():
     seq_lens = nvfp4kv.get_seq_lens(case.kv_indptr, case.kv_last_page_len, 8)
     counts = torch.bincount(case.batch_indices.long(), minlength=seq_lens.numel())
     append_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
-    batch_indices, positions = nvfp4kv.get_batch_indices_positions(append_indptr, seq_lens,
-                                                                   case.append_key.shape[0])
+    batch_indices, positions = nvfp4kv.get_batch_indices_positions(append_indptr, seq_lens, case.append_key.shape[0])
     assert torch.equal(batch_indices.long(), case.batch_indices.long())
     assert torch.equal(positions.long(), case.positions.long())

@@ -30,7 +30,6 @@
 #include "cuda/block_quantizer.cuh"
 #include "cuda/programmatic_launch.cuh"
 
-
 namespace {
 
 constexpr int kThreads = 256;
@@ -111,8 +110,8 @@ __device__ __forceinline__ uint8_t fold_byte(uint2 d) { return uint8_t(d.x ^ (d.
 // kThreads-block stride (each load instruction of a warp reads 512 contiguous bytes). kLoop: a
 // grid-stride loop over such chunks instead of one chunk per thread.
 template <int kPerThread, bool kCoalesced, bool kLoop>
-__global__ void __launch_bounds__(kThreads) stream_blocks(const uint4* __restrict__ in, uint2* __restrict__ data,
-                                                         uint8_t* __restrict__ sf, uint32_t blocks) {
+__global__ void __launch_bounds__(kThreads)
+    stream_blocks(const uint4* __restrict__ in, uint2* __restrict__ data, uint8_t* __restrict__ sf, uint32_t blocks) {
   constexpr uint32_t kChunk = kThreads * kPerThread;
   const uint32_t step = kLoop ? gridDim.x * kChunk : blocks;
   for (uint32_t base = blockIdx.x * kChunk; base < blocks; base += step) {
@@ -210,17 +209,16 @@ void probe_stream(const PrefillCase& c, size_t l2_bytes, int sms, double ceiling
     std::printf("  %-40s %9.2f us %7.0f GB/s %6.1f%%\n", shape, us, gbps, 100 * gbps / ceiling_gbps);
     return us;
   };
-  std::printf("%s: %.1f MB moved, %d sets, target %.0f%% = %.2f us\n", c.name, bytes / 1e6, count,
-              100 * c.target, bytes / (c.target * ceiling_gbps * 1e3));
+  std::printf("%s: %.1f MB moved, %d sets, target %.0f%% = %.2f us\n", c.name, bytes / 1e6, count, 100 * c.target,
+              bytes / (c.target * ceiling_gbps * 1e3));
   double best = 1e30;
   std::string best_name;
   for (const StreamShape& shape : kStreamShapes) {
     const uint32_t chunk = kThreads * shape.per_thread;
     const uint32_t grid = shape.ctas_per_sm ? std::min<uint32_t>(sms * shape.ctas_per_sm, (blocks + chunk - 1) / chunk)
                                             : (blocks + chunk - 1) / chunk;
-    cudaGraphExec_t g = capture(count, s, [&](int i) {
-      shape.kernel<<<grid, kThreads, 0, s>>>(sets[i].in, sets[i].data, sets[i].sf, blocks);
-    });
+    cudaGraphExec_t g = capture(
+        count, s, [&](int i) { shape.kernel<<<grid, kThreads, 0, s>>>(sets[i].in, sets[i].data, sets[i].sf, blocks); });
     const double us = report(shape.name, time_graph(g, count, s, nullptr));
     if (us < best) best = us, best_name = shape.name;
     CHECK_CUDA(cudaGraphExecDestroy(g));
@@ -253,10 +251,10 @@ constexpr uint32_t kBlocksPerRow = 2 * kHeads * 128 / 16;  // K and V of 8 heads
 // + first[row] / 16] with first = position, second = kv_indptr read at the row (the op's guess
 // b == row), slot = page * 16 + position % 16.
 template <int kLevels, bool kQuantize>
-__global__ void __launch_bounds__(kThreads) chain_blocks(const uint4* __restrict__ in, const int* __restrict__ first,
-                                                        const int* __restrict__ second,
-                                                        const int* __restrict__ indices, uint2* __restrict__ data,
-                                                        uint8_t* __restrict__ sf, uint32_t rows, float s) {
+__global__ void __launch_bounds__(kThreads)
+    chain_blocks(const uint4* __restrict__ in, const int* __restrict__ first, const int* __restrict__ second,
+                 const int* __restrict__ indices, uint2* __restrict__ data, uint8_t* __restrict__ sf, uint32_t rows,
+                 float s) {
   nvfp4kv::programmatic_launch::wait_for_previous_kernel();
   nvfp4kv::programmatic_launch::allow_next_kernel();
   const uint32_t t = blockIdx.x * kThreads + threadIdx.x;
@@ -291,7 +289,6 @@ struct ChainSet {
   uint8_t* sf;
 };
 
-
 // The op's parameters for set `set` (bf16 K then V rows in set.in, NHD caches in set.data / set.sf,
 // request r = row r with one page, batch_indices = second = r, kv_indptr = indptr).
 nvfp4kv::AppendParams op_params(const ChainSet& set, int rows) {
@@ -321,8 +318,7 @@ nvfp4kv::AppendParams op_params(const ChainSet& set, int rows) {
   return p;
 }
 
-void probe_chain(int rows, double target_us, size_t l2_bytes, const L2Flush& flush, cudaStream_t s,
-                 std::mt19937& rng) {
+void probe_chain(int rows, double target_us, size_t l2_bytes, const L2Flush& flush, cudaStream_t s, std::mt19937& rng) {
   const size_t per_set = size_t(rows) * kBlocksPerRow * (32 + 9) + size_t(rows) * 12;
   const int count = std::max(2, std::min(1024, int((4.5 * l2_bytes + per_set - 1) / per_set)));
   const bool flushed = count * per_set < 4.5 * l2_bytes;

@@ -8,6 +8,7 @@ reads a register an earlier load writes. A warp stalls there until that load's v
 load listed LATE goes out a memory round trip after the ones above it: the dependent loads of the
 index chain are meant to be late, a level-1 index or a device scale is not (docs/PERFORMANCE.md v10c).
 """
+
 from __future__ import annotations
 
 import os
@@ -50,14 +51,17 @@ def report(name: str, instructions: list[str]) -> None:
     print(name)
     for i, late in shown:
         print(f"    {'LATE ' if late else '     '}{i - start:4d}  {instructions[i][:80]}")
-    print(f"    first read of a loaded register: {stall - start if stall else None}  "
-          f"{instructions[stall][:80] if stall else ''}")
+    print(
+        f"    first read of a loaded register: {stall - start if stall else None}  "
+        f"{instructions[stall][:80] if stall else ''}"
+    )
 
 
 def main() -> None:
     obj, pattern = sys.argv[1], sys.argv[2]
-    sass = subprocess.run([os.environ.get("CUOBJDUMP", "cuobjdump"), "-sass", obj], capture_output=True, text=True,
-                          check=True).stdout
+    sass = subprocess.run(
+        [os.environ.get("CUOBJDUMP", "cuobjdump"), "-sass", obj], capture_output=True, text=True, check=True
+    ).stdout
     for part in re.split(r"\n\s+Function : ", sass)[1:]:
         name = part.split("\n", 1)[0]
         if re.search(pattern, name):

@@ -80,9 +80,9 @@ bool run(const torch::Device& device) {
   auto [batch_indices, positions] = nvfp4kv::get_batch_indices_positions(
       torch::tensor(append_indptr, torch::kInt32).to(device), prompt_lens, prefill_rows);
   at::Tensor kv = torch::randn({prefill_rows, 2, kNumHeads, kHeadDim}, half);
-  nvfp4kv::nvfp4_quantize_append_paged_kv_cache(kv.select(1, 0), kv.select(1, 1), batch_indices, positions,
-                                                cache, cache_sf, table.kv_indices, table.kv_indptr,
-                                                table.kv_last_page_len, k_scale, v_scale, "NHD");
+  nvfp4kv::nvfp4_quantize_append_paged_kv_cache(kv.select(1, 0), kv.select(1, 1), batch_indices, positions, cache,
+                                                cache_sf, table.kv_indices, table.kv_indptr, table.kv_last_page_len,
+                                                k_scale, v_scale, "NHD");
   keys.push_back(kv.select(1, 0));
   batches.push_back(batch_indices);
   positions_all.push_back(positions);
@@ -97,8 +97,7 @@ bool run(const torch::Device& device) {
     nvfp4kv::nvfp4_quantize_append_paged_kv_cache(key, value, decode_batch, decode_positions,
                                                   {cache.select(1, 0), cache.select(1, 1)},
                                                   {cache_sf.select(1, 0), cache_sf.select(1, 1)}, table.kv_indices,
-                                                  table.kv_indptr, table.kv_last_page_len, k_scale, v_scale,
-                                                  "NHD");
+                                                  table.kv_indptr, table.kv_last_page_len, k_scale, v_scale, "NHD");
     keys.push_back(key);
     batches.push_back(decode_batch);
     positions_all.push_back(decode_positions);
@@ -109,11 +108,11 @@ bool run(const torch::Device& device) {
                                       torch::cat(positions_all), k_scale);
   const double error = relative_rms_error(expected, actual);
   const double max_error = (actual - expected.to(torch::kFloat32)).abs().max().item<double>();
-  std::printf("%-4s appended %lld K/V rows (%lld heads x %lld) into %lld pages: relative RMS error %.4f, "
-              "max abs error %.4f\n",
-              device.is_cuda() ? "cuda" : "cpu", static_cast<long long>(expected.size(0)),
-              static_cast<long long>(kNumHeads), static_cast<long long>(kHeadDim),
-              static_cast<long long>(table.kv_indptr[-1].item<int64_t>()), error, max_error);
+  std::printf(
+      "%-4s appended %lld K/V rows (%lld heads x %lld) into %lld pages: relative RMS error %.4f, "
+      "max abs error %.4f\n",
+      device.is_cuda() ? "cuda" : "cpu", static_cast<long long>(expected.size(0)), static_cast<long long>(kNumHeads),
+      static_cast<long long>(kHeadDim), static_cast<long long>(table.kv_indptr[-1].item<int64_t>()), error, max_error);
   return std::isfinite(error) && error < kMaxRelativeRmsError;
 }
 

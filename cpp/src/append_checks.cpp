@@ -39,7 +39,9 @@ std::string sizes_string(const std::array<int64_t, 4>& sizes) {
 }
 
 CacheTensor four_d(const TensorInfo& t, const char* name) {
-  return CacheTensor{name, static_cast<uint8_t*>(t.data_ptr()), {t.size(0), t.size(1), t.size(2), t.size(3)},
+  return CacheTensor{name,
+                     static_cast<uint8_t*>(t.data_ptr()),
+                     {t.size(0), t.size(1), t.size(2), t.size(3)},
                      {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}};
 }
 
@@ -70,7 +72,8 @@ std::array<CacheTensor, 2> split_cache(const char* op, const TensorInfo& first, 
     }
   }
   if (!stacked) return {four_d(first, name.parts[0]), four_d(*second, name.parts[1])};
-  CacheTensor k{name.whole, static_cast<uint8_t*>(first.data_ptr()),
+  CacheTensor k{name.whole,
+                static_cast<uint8_t*>(first.data_ptr()),
                 {first.size(0), first.size(2), first.size(3), first.size(4)},
                 {first.stride(0), first.stride(2), first.stride(3), first.stride(4)}};
   CacheTensor v = k;
@@ -81,8 +84,8 @@ std::array<CacheTensor, 2> split_cache(const char* op, const TensorInfo& first, 
 // Checks one 4-D cache tensor against [pages, page_size, heads, width] (NHD) or
 // [pages, heads, page_size, width] (HND). `reference` (the K data cache) fixes pages and page_size
 // once it has been checked itself.
-CacheView check_cache(const char* op, const CacheTensor& t, ScalarType dtype, bool nhd, int64_t num_heads, int64_t width,
-                      const CacheTensor* reference) {
+CacheView check_cache(const char* op, const CacheTensor& t, ScalarType dtype, bool nhd, int64_t num_heads,
+                      int64_t width, const CacheTensor* reference) {
   const char* name = t.name;
   const int entry_dim = nhd ? 1 : 2;
   const int head_dim = nhd ? 2 : 1;
@@ -99,7 +102,8 @@ CacheView check_cache(const char* op, const CacheTensor& t, ScalarType dtype, bo
     want << '[';
     for (int d = 0; d < 4; ++d) {
       want << (d ? ", " : "");
-      if (expected[d] < 0) want << '*'; else want << expected[d];
+      if (expected[d] < 0) want << '*';
+      else want << expected[d];
     }
     want << ']';
     fail(op, name, " must have shape ",
@@ -159,8 +163,8 @@ void check_rows_pair(const char* op, const TensorInfo& append_key, const TensorI
   }
   check_rows(op, append_value, "append_value");
   p.key = RowsView{static_cast<const uint16_t*>(append_key.data_ptr()), append_key.stride(0), append_key.stride(1)};
-  p.value = RowsView{static_cast<const uint16_t*>(append_value.data_ptr()), append_value.stride(0),
-                     append_value.stride(1)};
+  p.value =
+      RowsView{static_cast<const uint16_t*>(append_value.data_ptr()), append_value.stride(0), append_value.stride(1)};
   p.input_is_bf16 = dtype == ScalarType::BFloat16;
   p.nnz = nnz;
   p.num_heads = num_heads;
@@ -327,14 +331,14 @@ CacheArguments read_caches(BoxedArguments& boxed) {
 }
 
 OptionArguments read_options(BoxedArguments& boxed) {
-  return {boxed.real(), boxed.real(), boxed.string(), boxed.optional_tensor(), boxed.optional_tensor(),
+  return {boxed.real(),   boxed.real(),  boxed.string(), boxed.optional_tensor(), boxed.optional_tensor(),
           boxed.string(), boxed.string()};
 }
 
 }  // namespace
 
 AppendArguments read_append_arguments(BoxedArguments& boxed) {
-  AppendArguments args{boxed.tensor(), boxed.tensor(), boxed.tensor(), boxed.tensor(), read_caches(boxed),
+  AppendArguments args{boxed.tensor(), boxed.tensor(), boxed.tensor(), boxed.tensor(),     read_caches(boxed),
                        boxed.tensor(), boxed.tensor(), boxed.tensor(), read_options(boxed)};
   boxed.finish("append_paged_kv_cache", 0);
   return args;
@@ -353,10 +357,14 @@ AppendParams check_append_arguments(const AppendArguments& args) {
   const bool nhd = check_format(op, args.options, p);
   check_rows_pair(op, args.append_key, args.append_value, p);
   check_devices(op, args.append_key,
-                {{&args.append_value, "append_value"}, {&args.batch_indices, "batch_indices"},
-                 {&args.positions, "positions"}, {&args.caches.k_cache, "paged_kv_cache"},
-                 {&args.caches.k_cache_sf, "kv_cache_sf"}, {&args.kv_indices, "kv_indices"},
-                 {&args.kv_indptr, "kv_indptr"}, {&args.kv_last_page_len, "kv_last_page_len"},
+                {{&args.append_value, "append_value"},
+                 {&args.batch_indices, "batch_indices"},
+                 {&args.positions, "positions"},
+                 {&args.caches.k_cache, "paged_kv_cache"},
+                 {&args.caches.k_cache_sf, "kv_cache_sf"},
+                 {&args.kv_indices, "kv_indices"},
+                 {&args.kv_indptr, "kv_indptr"},
+                 {&args.kv_last_page_len, "kv_last_page_len"},
                  {args.caches.v_cache ? &*args.caches.v_cache : nullptr, "paged_kv_cache[1]"},
                  {args.caches.v_cache_sf ? &*args.caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
 
@@ -382,10 +390,14 @@ AppendParams check_append_arguments(const AppendArguments& args) {
   const WrittenCaches written = check_caches(op, args.caches, nhd, p);
   check_scales(op, args.options, args.append_key, p);
   check_read_disjoint(op, written,
-                      {{&args.append_key, "append_key"}, {&args.append_value, "append_value"},
-                       {&args.batch_indices, "batch_indices"}, {&args.positions, "positions"},
-                       {&args.kv_indices, "kv_indices"}, {&args.kv_indptr, "kv_indptr"},
-                       {&args.kv_last_page_len, "kv_last_page_len"}, {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
+                      {{&args.append_key, "append_key"},
+                       {&args.append_value, "append_value"},
+                       {&args.batch_indices, "batch_indices"},
+                       {&args.positions, "positions"},
+                       {&args.kv_indices, "kv_indices"},
+                       {&args.kv_indptr, "kv_indptr"},
+                       {&args.kv_last_page_len, "kv_last_page_len"},
+                       {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
                        {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
   return p;
 }
@@ -396,8 +408,10 @@ AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappin
   const bool nhd = check_format(op, args.options, p);
   check_rows_pair(op, args.append_key, args.append_value, p);
   check_devices(op, args.append_key,
-                {{&args.append_value, "append_value"}, {&args.slot_mapping, "slot_mapping"},
-                 {&args.caches.k_cache, "paged_kv_cache"}, {&args.caches.k_cache_sf, "kv_cache_sf"},
+                {{&args.append_value, "append_value"},
+                 {&args.slot_mapping, "slot_mapping"},
+                 {&args.caches.k_cache, "paged_kv_cache"},
+                 {&args.caches.k_cache_sf, "kv_cache_sf"},
                  {args.caches.v_cache ? &*args.caches.v_cache : nullptr, "paged_kv_cache[1]"},
                  {args.caches.v_cache_sf ? &*args.caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
   p.slot_mapping = check_index(op, args.slot_mapping, "slot_mapping");
@@ -409,8 +423,10 @@ AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappin
   const WrittenCaches written = check_caches(op, args.caches, nhd, p);
   check_scales(op, args.options, args.append_key, p);
   check_read_disjoint(op, written,
-                      {{&args.append_key, "append_key"}, {&args.append_value, "append_value"},
-                       {&args.slot_mapping, "slot_mapping"}, {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
+                      {{&args.append_key, "append_key"},
+                       {&args.append_value, "append_value"},
+                       {&args.slot_mapping, "slot_mapping"},
+                       {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
                        {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
   return p;
 }

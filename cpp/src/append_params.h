@@ -45,24 +45,24 @@ struct CacheView {
 };
 
 struct AppendParams {
-  RowsView key;            // [nnz, num_heads, head_dim]
-  RowsView value;          // [nnz, num_heads, head_dim]
-  bool input_is_bf16;      // else float16
-  IndexView batch_indices; // [nnz]
-  IndexView positions;     // [nnz]
-  IndexView kv_indices;    // [kv_indptr[-1]] page ids
-  IndexView kv_indptr;     // [batch_size + 1]
-  CacheView k_data;        // head_dim / 2 bytes per (page, entry, head)
+  RowsView key;             // [nnz, num_heads, head_dim]
+  RowsView value;           // [nnz, num_heads, head_dim]
+  bool input_is_bf16;       // else float16
+  IndexView batch_indices;  // [nnz]
+  IndexView positions;      // [nnz]
+  IndexView kv_indices;     // [kv_indptr[-1]] page ids
+  IndexView kv_indptr;      // [batch_size + 1]
+  CacheView k_data;         // head_dim / 2 bytes per (page, entry, head)
   CacheView v_data;
-  CacheView k_scales;      // head_dim / 16 bytes per (page, entry, head)
+  CacheView k_scales;  // head_dim / 16 bytes per (page, entry, head)
   CacheView v_scales;
   int64_t nnz;
   int64_t num_heads;
   int64_t head_dim;
   int64_t page_size;
-  int64_t num_pages;       // max_num_pages of the cache
+  int64_t num_pages;  // max_num_pages of the cache
   int64_t batch_size;
-  float k_scale;           // global decode scales given as floats, validated on the host
+  float k_scale;  // global decode scales given as floats, validated on the host
   float v_scale;
   const float* k_scale_device;  // or [1] float32 tensors read by the kernel (null when a float was given)
   const float* v_scale_device;
@@ -115,8 +115,7 @@ NVFP4KV_HOST_DEVICE bool usable_global_scale(float s) {
 //
 // Slot-mapping variant: slot = slot_mapping[row]; rows with slot < 0 (padding) or
 // slot >= num_pages * page_size are skipped; page = slot / page_size, entry = slot % page_size.
-NVFP4KV_HOST_DEVICE bool resolve_row_target(const AppendParams& p, int64_t row, int64_t& page,
-                                            int64_t& entry) {
+NVFP4KV_HOST_DEVICE bool resolve_row_target(const AppendParams& p, int64_t row, int64_t& page, int64_t& entry) {
   if (p.slot_mapping.data != nullptr) {
     const int64_t slot = p.slot_mapping[row];
     if (slot < 0 || slot / p.page_size >= p.num_pages) return false;

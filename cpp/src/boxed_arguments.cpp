@@ -19,9 +19,7 @@ void BoxedArguments::finish(const char* op, uint64_t outputs) const {
                   outputs);
 }
 
-void BoxedArguments::return_tensor(const torch::stable::Tensor& out) {
-  stack_[0] = torch::stable::detail::from(out);
-}
+void BoxedArguments::return_tensor(const torch::stable::Tensor& out) { stack_[0] = torch::stable::detail::from(out); }
 
 BoxedArguments::~BoxedArguments() {
   if (num_tensors_ == 0) return;

@@ -26,7 +26,8 @@ DequantizeCall prepare_dequantize(BoxedArguments& boxed) {
   if (packed.dim() < 1 || packed.size(packed.dim() - 1) % 8 != 0) {
     fail(kOp, "packed must have a last dim head_dim/2 that is a multiple of 8, got shape ", packed.shape_string());
   }
-  bool same_leading = scales.dim() == packed.dim() && scales.size(scales.dim() - 1) * 8 == packed.size(packed.dim() - 1);
+  bool same_leading =
+      scales.dim() == packed.dim() && scales.size(scales.dim() - 1) * 8 == packed.size(packed.dim() - 1);
   for (int64_t d = 0; same_leading && d + 1 < packed.dim(); ++d) same_leading = scales.size(d) == packed.size(d);
   if (!same_leading) {
     fail(kOp, "scales must have shape [..., head_dim/16] matching packed ", packed.shape_string(), ", got ",
@@ -41,7 +42,9 @@ DequantizeCall prepare_dequantize(BoxedArguments& boxed) {
   std::vector<int64_t> out_shape(packed_tensor.sizes().begin(), packed_tensor.sizes().end());
   out_shape.back() *= 2;
   DequantizeCall call{torch::stable::new_empty(packed_tensor, out_shape, ScalarType::Float),
-                      torch::stable::contiguous(packed_tensor), torch::stable::contiguous(scales_tensor), {}};
+                      torch::stable::contiguous(packed_tensor),
+                      torch::stable::contiguous(scales_tensor),
+                      {}};
   const int64_t head_dim = out_shape.back();
   call.params = DequantizeParams{static_cast<const uint8_t*>(call.packed.data_ptr()),
                                  static_cast<const uint8_t*>(call.scales.data_ptr()),

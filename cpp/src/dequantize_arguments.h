@@ -8,7 +8,7 @@
 namespace nvfp4kv {
 
 struct DequantizeCall {
-  Tensor out;  // float32 [..., head_dim]
+  Tensor out;     // float32 [..., head_dim]
   Tensor packed;  // contiguous (a copy only when the input was not)
   Tensor scales;
   DequantizeParams params;

@@ -8,11 +8,11 @@ namespace {
 // The few CPython functions used, looked up in the process (libpython or a python executable that
 // exports its symbols); all null when Python is not loaded.
 struct PythonApi {
-  int (*is_initialized)() = nullptr;           // Py_IsInitialized
-  int (*gil_check)() = nullptr;                // PyGILState_Check
-  void* (*this_thread_state)() = nullptr;      // PyGILState_GetThisThreadState
-  int (*gil_ensure)() = nullptr;               // PyGILState_Ensure
-  void (*gil_release)(int) = nullptr;          // PyGILState_Release
+  int (*is_initialized)() = nullptr;       // Py_IsInitialized
+  int (*gil_check)() = nullptr;            // PyGILState_Check
+  void* (*this_thread_state)() = nullptr;  // PyGILState_GetThisThreadState
+  int (*gil_ensure)() = nullptr;           // PyGILState_Ensure
+  void (*gil_release)(int) = nullptr;      // PyGILState_Release
 
   PythonApi() {
     is_initialized = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));

@@ -71,9 +71,20 @@ def main() -> None:
         value = history_v[:, first:seq_len].flatten(0, 1)
         synchronize(device)
         t0 = time.perf_counter()
-        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(key, value, batch_indices, positions, cache, cache_sf,
-                                                     used_indices, request_indptr, last_page_len, k_scale, v_scale,
-                                                     args.layout)
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+            key,
+            value,
+            batch_indices,
+            positions,
+            cache,
+            cache_sf,
+            used_indices,
+            request_indptr,
+            last_page_len,
+            k_scale,
+            v_scale,
+            args.layout,
+        )
         synchronize(device)
         elapsed += time.perf_counter() - t0
         bytes_moved += 2 * key.numel() * key.element_size() + 2 * (key.numel() // 2 + key.numel() // 16)
@@ -94,15 +105,23 @@ def main() -> None:
         scales.append(history.float())
     error, reference = torch.cat([e.flatten() for e in errors]), torch.cat([s.flatten() for s in scales])
     rel_rms = float(error.norm() / reference.norm())
-    print(f"nvfp4kv {nvfp4kv.__version__} on {device} ({args.layout}, {batch} requests, {heads} KV heads, "
-          f"head_dim {head_dim}, page {page_size})")
+    print(
+        f"nvfp4kv {nvfp4kv.__version__} on {device} ({args.layout}, {batch} requests, {heads} KV heads, "
+        f"head_dim {head_dim}, page {page_size})"
+    )
     print(f"appended {batch * max_len} tokens: prefill of {args.prefill} + {args.decode_steps} decode steps")
-    print(f"cache: {cache.numel() + cache_sf.numel()} bytes for {2 * reference.numel()} bytes of bf16 "
-          f"({2 * reference.numel() / (cache.numel() + cache_sf.numel()):.2f}x smaller)")
-    print(f"dequantized error: relative RMS {rel_rms:.4f}, max abs {float(error.abs().max()):.4f}, "
-          f"mean abs {float(error.abs().mean()):.4f} (max |x| {float(reference.abs().max()):.3f})")
-    print(f"append throughput: {bytes_moved / elapsed / 1e9:.2f} GB/s over {1 + args.decode_steps} calls "
-          f"({elapsed * 1e3:.2f} ms, host overhead included)")
+    print(
+        f"cache: {cache.numel() + cache_sf.numel()} bytes for {2 * reference.numel()} bytes of bf16 "
+        f"({2 * reference.numel() / (cache.numel() + cache_sf.numel()):.2f}x smaller)"
+    )
+    print(
+        f"dequantized error: relative RMS {rel_rms:.4f}, max abs {float(error.abs().max()):.4f}, "
+        f"mean abs {float(error.abs().mean()):.4f} (max |x| {float(reference.abs().max()):.3f})"
+    )
+    print(
+        f"append throughput: {bytes_moved / elapsed / 1e9:.2f} GB/s over {1 + args.decode_steps} calls "
+        f"({elapsed * 1e3:.2f} ms, host overhead included)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,16 @@ def _round_trip(x: torch.Tensor, scale: float, scale_search: str, device: torch.
     cache_sf = torch.zeros(rows, 2, 1, HEADS, HEAD_DIM // 16, dtype=torch.float8_e4m3fn, device=device)
     values = x.to(device=device, dtype=torch.bfloat16)
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-        values, values, torch.arange(rows, device=device), cache, cache_sf, scale, scale, "NHD",
-        scale_search=scale_search)
+        values,
+        values,
+        torch.arange(rows, device=device),
+        cache,
+        cache_sf,
+        scale,
+        scale,
+        "NHD",
+        scale_search=scale_search,
+    )
     return nvfp4kv.dequantize(cache[:, 0, 0], cache_sf[:, 0, 0], scale).cpu()
 
 
@@ -48,8 +56,12 @@ def accuracy_table(device: str = "cpu", seed: int = 0) -> List[dict]:
     for name, x in _distributions(generator).items():
         x = x.to(torch.bfloat16).float()  # the exact values the op sees
         calibrated = nvfp4kv.global_scale_from_amax(float(x.abs().max()))
-        for label, scale in (("calibrated", calibrated), ("calibrated / 4", calibrated / 4),
-                             ("calibrated x 4096", calibrated * 4096), ("1.0", 1.0)):
+        for label, scale in (
+            ("calibrated", calibrated),
+            ("calibrated / 4", calibrated / 4),
+            ("calibrated x 4096", calibrated * 4096),
+            ("1.0", 1.0),
+        ):
             row = {"distribution": name, "global_scale": label, "scale": scale}
             for recipe in ("none", "4over6"):
                 error = _round_trip(x, scale, recipe, torch.device(device)) - x
@@ -60,19 +72,25 @@ def accuracy_table(device: str = "cpu", seed: int = 0) -> List[dict]:
 
 
 def format_table(results: List[dict]) -> str:
-    lines = ["| distribution | global scale | rel. RMS plain | rel. RMS 4over6 | change | max err / max|x| plain | "
-             "max err / max|x| 4over6 |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| distribution | global scale | rel. RMS plain | rel. RMS 4over6 | change | max err / max|x| plain | "
+        "max err / max|x| 4over6 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         change = (r["rel_rms_4over6"] / r["rel_rms_none"] - 1) * 100
-        lines.append(f"| {r['distribution']} | {r['global_scale']} | {r['rel_rms_none']:.4f} | "
-                     f"{r['rel_rms_4over6']:.4f} | {change:+.1f}% | {r['max_rel_none']:.4f} | "
-                     f"{r['max_rel_4over6']:.4f} |")
+        lines.append(
+            f"| {r['distribution']} | {r['global_scale']} | {r['rel_rms_none']:.4f} | "
+            f"{r['rel_rms_4over6']:.4f} | {change:+.1f}% | {r['max_rel_none']:.4f} | "
+            f"{r['max_rel_4over6']:.4f} |"
+        )
     return "\n".join(lines)
 
 
 def plot(results: List[dict], path: Path) -> bool:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:

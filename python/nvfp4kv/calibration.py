@@ -10,7 +10,7 @@ import torch
 
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
-SMALLEST_SCALE = 2.0 ** -126  # the smallest normal float32
+SMALLEST_SCALE = 2.0**-126  # the smallest normal float32
 FLOAT32_MAX = 3.4028234663852886e38
 
 

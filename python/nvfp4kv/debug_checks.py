@@ -36,9 +36,11 @@ _APPEND_WITH_SLOT_MAPPING = "append_paged_kv_cache_with_slot_mapping"
 
 def _refuse_during_capture(op: str) -> None:
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"nvfp4kv.{op}: debug checks copy device data to the host and cannot run during CUDA "
-                           "graph capture; turn them off (nvfp4kv.set_debug_checks(False) or NVFP4KV_DEBUG=0) "
-                           "while capturing")
+        raise RuntimeError(
+            f"nvfp4kv.{op}: debug checks copy device data to the host and cannot run during CUDA "
+            "graph capture; turn them off (nvfp4kv.set_debug_checks(False) or NVFP4KV_DEBUG=0) "
+            "while capturing"
+        )
 
 
 def _fail(op: str, message: str) -> None:
@@ -51,8 +53,9 @@ def _check_scale_tensors(op: str, k_scale_tensor: Optional[torch.Tensor], v_scal
             continue
         value = float(tensor.reshape(-1)[0])
         if not (value > 0.0 and value != float("inf")):
-            _fail(op, f"{name} tensor holds {value:g}, not a positive finite scale, so the {rows} rows would be "
-                      "skipped")
+            _fail(
+                op, f"{name} tensor holds {value:g}, not a positive finite scale, so the {rows} rows would be skipped"
+            )
 
 
 def page_geometry(k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], kv_layout: str) -> Tuple[int, int]:
@@ -81,17 +84,32 @@ class _Targets:
     def add(self, row: int, page: int, entry: int) -> None:
         earlier = self.first_row.setdefault((page, entry), row)
         if earlier != row:
-            _fail(self.op, f"rows {earlier} and {row} both target page {page}, entry {entry}; the slot's bytes would "
-                           "be unspecified (a mix of both rows)")
+            _fail(
+                self.op,
+                f"rows {earlier} and {row} both target page {page}, entry {entry}; the slot's bytes would "
+                "be unspecified (a mix of both rows)",
+            )
 
 
-def check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_scale_tensor,
-                     v_scale_tensor, num_pages: int, page_size: int) -> None:
+def check_index_data(
+    batch_indices,
+    positions,
+    kv_indices,
+    kv_indptr,
+    kv_last_page_len,
+    k_scale_tensor,
+    v_scale_tensor,
+    num_pages: int,
+    page_size: int,
+) -> None:
     """Every row of a page-table append, as the kernels would resolve it (append_params.h)."""
     op = _APPEND
     _refuse_during_capture(op)
-    if page_size <= 0 or not _well_formed(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len) or \
-            kv_indptr.shape[0] != kv_last_page_len.shape[0] + 1:
+    if (
+        page_size <= 0
+        or not _well_formed(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)
+        or kv_indptr.shape[0] != kv_last_page_len.shape[0] + 1
+    ):
         return
     _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
     batch = batch_indices.cpu().tolist()
@@ -108,12 +126,18 @@ def check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_pa
             _fail(op, f"row {row}: position {p} is negative")
         first, last = indptr[b], indptr[b + 1]
         if not 0 <= first <= last <= len(indices):
-            _fail(op, f"row {row}: request {b} has pages kv_indptr[{b}:{b + 2}] = [{first}, {last}], not a range "
-                      f"inside kv_indices (length {len(indices)})")
+            _fail(
+                op,
+                f"row {row}: request {b} has pages kv_indptr[{b}:{b + 2}] = [{first}, {last}], not a range "
+                f"inside kv_indices (length {len(indices)})",
+            )
         seq_len = max(last - first - 1, 0) * page_size + last_len[b]
         if p >= seq_len:
-            _fail(op, f"row {row}: position {p} is beyond request {b}'s sequence length {seq_len} (from kv_indptr "
-                      "and kv_last_page_len)")
+            _fail(
+                op,
+                f"row {row}: position {p} is beyond request {b}'s sequence length {seq_len} (from kv_indptr "
+                "and kv_last_page_len)",
+            )
         slot = first + p // page_size
         if slot >= last:
             _fail(op, f"row {row}: position {p} needs page slot {slot}, beyond request {b}'s pages [{first}, {last})")
@@ -132,22 +156,63 @@ def check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages: int
     targets = _Targets(op)
     for row, slot in enumerate(slot_mapping.cpu().tolist()):
         if slot >= num_pages * page_size:
-            _fail(op, f"row {row}: slot {slot} is beyond the cache (max_num_pages * page_size = "
-                      f"{num_pages * page_size}); negative slots are padding")
+            _fail(
+                op,
+                f"row {row}: slot {slot} is beyond the cache (max_num_pages * page_size = "
+                f"{num_pages * page_size}); negative slots are padding",
+            )
         if slot >= 0:
             targets.add(row, slot // page_size, slot % page_size)
 
 
-def check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf, v_cache_sf,
-                 kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout, k_scale_tensor=None,
-                 v_scale_tensor=None, v_sf_layout="linear", scale_search="none") -> None:
-    check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_scale_tensor,
-                     v_scale_tensor, *page_geometry(k_cache, v_cache, kv_layout))
+def check_append(
+    append_key,
+    append_value,
+    batch_indices,
+    positions,
+    k_cache,
+    v_cache,
+    k_cache_sf,
+    v_cache_sf,
+    kv_indices,
+    kv_indptr,
+    kv_last_page_len,
+    k_scale,
+    v_scale,
+    kv_layout,
+    k_scale_tensor=None,
+    v_scale_tensor=None,
+    v_sf_layout="linear",
+    scale_search="none",
+) -> None:
+    check_index_data(
+        batch_indices,
+        positions,
+        kv_indices,
+        kv_indptr,
+        kv_last_page_len,
+        k_scale_tensor,
+        v_scale_tensor,
+        *page_geometry(k_cache, v_cache, kv_layout),
+    )
 
 
-def check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_cache_sf,
-                                   v_cache_sf, k_scale, v_scale, kv_layout, k_scale_tensor=None,
-                                   v_scale_tensor=None, v_sf_layout="linear", scale_search="none") -> None:
+def check_append_with_slot_mapping(
+    append_key,
+    append_value,
+    slot_mapping,
+    k_cache,
+    v_cache,
+    k_cache_sf,
+    v_cache_sf,
+    k_scale,
+    v_scale,
+    kv_layout,
+    k_scale_tensor=None,
+    v_scale_tensor=None,
+    v_sf_layout="linear",
+    scale_search="none",
+) -> None:
     check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, *page_geometry(k_cache, v_cache, kv_layout))
 
 
@@ -155,11 +220,28 @@ def check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cac
 # of an index tensor that the append then reads, so the compiler keeps it and runs it first (an op
 # without outputs would be dropped as dead code).
 @torch.library.custom_op("nvfp4kv::debug_checked_batch_indices", mutates_args=())
-def checked_batch_indices(batch_indices: torch.Tensor, positions: torch.Tensor, kv_indices: torch.Tensor,
-                          kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, k_scale_tensor: Optional[torch.Tensor],
-                          v_scale_tensor: Optional[torch.Tensor], num_pages: int, page_size: int) -> torch.Tensor:
-    check_index_data(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_scale_tensor,
-                     v_scale_tensor, num_pages, page_size)
+def checked_batch_indices(
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    k_scale_tensor: Optional[torch.Tensor],
+    v_scale_tensor: Optional[torch.Tensor],
+    num_pages: int,
+    page_size: int,
+) -> torch.Tensor:
+    check_index_data(
+        batch_indices,
+        positions,
+        kv_indices,
+        kv_indptr,
+        kv_last_page_len,
+        k_scale_tensor,
+        v_scale_tensor,
+        num_pages,
+        page_size,
+    )
     return batch_indices.clone()
 
 
@@ -169,8 +251,13 @@ def _(batch_indices, *args):
 
 
 @torch.library.custom_op("nvfp4kv::debug_checked_slot_mapping", mutates_args=())
-def checked_slot_mapping(slot_mapping: torch.Tensor, k_scale_tensor: Optional[torch.Tensor],
-                         v_scale_tensor: Optional[torch.Tensor], num_pages: int, page_size: int) -> torch.Tensor:
+def checked_slot_mapping(
+    slot_mapping: torch.Tensor,
+    k_scale_tensor: Optional[torch.Tensor],
+    v_scale_tensor: Optional[torch.Tensor],
+    num_pages: int,
+    page_size: int,
+) -> torch.Tensor:
     check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages, page_size)
     return slot_mapping.clone()
 

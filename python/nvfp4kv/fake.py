@@ -13,8 +13,9 @@ from typing import List, Optional, Tuple
 import torch
 
 
-def _refuse_shared_storage_under_compile(op: str, caches: List[Tuple[Optional[torch.Tensor], str]],
-                                         reads: List[Tuple[Optional[torch.Tensor], str]]) -> None:
+def _refuse_shared_storage_under_compile(
+    op: str, caches: List[Tuple[Optional[torch.Tensor], str]], reads: List[Tuple[Optional[torch.Tensor], str]]
+) -> None:
     """PyTorch's compiler mishandles mutated inputs that share a storage with another input (wrong
     bytes under dynamic shapes, failed compiles), so a traced call refuses caches that share one with
     each other or with any other argument. Eager calls take such caches (disjoint halves of a pool)."""
@@ -23,13 +24,14 @@ def _refuse_shared_storage_under_compile(op: str, caches: List[Tuple[Optional[to
     caches = [(t, name) for t, name in caches if t is not None]
     others = caches + [(t, name) for t, name in reads if isinstance(t, torch.Tensor)]
     for i, (cache, name) in enumerate(caches):
-        for other, other_name in others[i + 1:]:
+        for other, other_name in others[i + 1 :]:
             if torch._C._is_alias_of(cache, other):
                 raise ValueError(
                     f"nvfp4kv.{op}: {other_name} shares its storage with {name}; under torch.compile the caches must "
                     "not share a storage with each other or with another argument (PyTorch miscompiles mutated "
                     "aliased inputs): pass K and V as one stacked tensor [max_num_pages, 2, ...] or as separately "
-                    "allocated tensors")
+                    "allocated tensors"
+                )
 
 
 def _refuse_mixed_devices(op: str, append_key, tensors, scales) -> None:
@@ -37,14 +39,17 @@ def _refuse_mixed_devices(op: str, append_key, tensors, scales) -> None:
     the kernels' messages (cpp/src/append_checks.cpp: check_devices, check_scale), not silently do nothing."""
     for tensor, name in tensors:
         if isinstance(tensor, torch.Tensor) and tensor.device != append_key.device:
-            raise ValueError(f"nvfp4kv.{op}: {name} must be on the same device as append_key ({append_key.device}), "
-                             f"got {tensor.device}")
+            raise ValueError(
+                f"nvfp4kv.{op}: {name} must be on the same device as append_key ({append_key.device}), "
+                f"got {tensor.device}"
+            )
     for tensor, name in scales:
         if isinstance(tensor, torch.Tensor) and tensor.device != append_key.device:
             raise ValueError(
                 f"nvfp4kv.{op}: {name} as a tensor must be a one-element float32 tensor on append_key's device "
                 f"({append_key.device}), got dtype {str(tensor.dtype).removeprefix('torch.')}, shape "
-                f"[{', '.join(str(n) for n in tensor.shape)}], device {tensor.device}")
+                f"[{', '.join(str(n) for n in tensor.shape)}], device {tensor.device}"
+            )
 
 
 def _cache_names(v_cache: Optional[torch.Tensor]) -> Tuple[str, str, str, str]:
@@ -54,39 +59,105 @@ def _cache_names(v_cache: Optional[torch.Tensor]) -> Tuple[str, str, str, str]:
 
 
 @torch.library.register_fake("nvfp4kv::append_paged_kv_cache")
-def _append_paged_kv_cache_fake(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_cache_sf,
-                                v_cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout,
-                                k_scale_tensor=None, v_scale_tensor=None, v_sf_layout="linear",
-                                scale_search="none") -> None:
+def _append_paged_kv_cache_fake(
+    append_key,
+    append_value,
+    batch_indices,
+    positions,
+    k_cache,
+    v_cache,
+    k_cache_sf,
+    v_cache_sf,
+    kv_indices,
+    kv_indptr,
+    kv_last_page_len,
+    k_scale,
+    v_scale,
+    kv_layout,
+    k_scale_tensor=None,
+    v_scale_tensor=None,
+    v_sf_layout="linear",
+    scale_search="none",
+) -> None:
     op = "append_paged_kv_cache"
-    _refuse_mixed_devices(op, append_key, [
-        (append_value, "append_value"), (batch_indices, "batch_indices"), (positions, "positions"),
-        (k_cache, "paged_kv_cache"), (k_cache_sf, "kv_cache_sf"), (kv_indices, "kv_indices"), (kv_indptr, "kv_indptr"),
-        (kv_last_page_len, "kv_last_page_len"), (v_cache, "paged_kv_cache[1]"), (v_cache_sf, "kv_cache_sf[1]")],
-        [(k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")])
+    _refuse_mixed_devices(
+        op,
+        append_key,
+        [
+            (append_value, "append_value"),
+            (batch_indices, "batch_indices"),
+            (positions, "positions"),
+            (k_cache, "paged_kv_cache"),
+            (k_cache_sf, "kv_cache_sf"),
+            (kv_indices, "kv_indices"),
+            (kv_indptr, "kv_indptr"),
+            (kv_last_page_len, "kv_last_page_len"),
+            (v_cache, "paged_kv_cache[1]"),
+            (v_cache_sf, "kv_cache_sf[1]"),
+        ],
+        [(k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")],
+    )
     names = _cache_names(v_cache)
     _refuse_shared_storage_under_compile(
-        op, list(zip((k_cache, v_cache, k_cache_sf, v_cache_sf), names)),
-        [(append_key, "append_key"), (append_value, "append_value"), (batch_indices, "batch_indices"),
-         (positions, "positions"), (kv_indices, "kv_indices"), (kv_indptr, "kv_indptr"),
-         (kv_last_page_len, "kv_last_page_len"), (k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")])
+        op,
+        list(zip((k_cache, v_cache, k_cache_sf, v_cache_sf), names)),
+        [
+            (append_key, "append_key"),
+            (append_value, "append_value"),
+            (batch_indices, "batch_indices"),
+            (positions, "positions"),
+            (kv_indices, "kv_indices"),
+            (kv_indptr, "kv_indptr"),
+            (kv_last_page_len, "kv_last_page_len"),
+            (k_scale_tensor, "k_scale"),
+            (v_scale_tensor, "v_scale"),
+        ],
+    )
 
 
 @torch.library.register_fake("nvfp4kv::append_paged_kv_cache_with_slot_mapping")
-def _append_paged_kv_cache_with_slot_mapping_fake(append_key, append_value, slot_mapping, k_cache, v_cache,
-                                                  k_cache_sf, v_cache_sf, k_scale, v_scale, kv_layout,
-                                                  k_scale_tensor=None, v_scale_tensor=None, v_sf_layout="linear",
-                                                  scale_search="none") -> None:
+def _append_paged_kv_cache_with_slot_mapping_fake(
+    append_key,
+    append_value,
+    slot_mapping,
+    k_cache,
+    v_cache,
+    k_cache_sf,
+    v_cache_sf,
+    k_scale,
+    v_scale,
+    kv_layout,
+    k_scale_tensor=None,
+    v_scale_tensor=None,
+    v_sf_layout="linear",
+    scale_search="none",
+) -> None:
     op = "append_paged_kv_cache_with_slot_mapping"
-    _refuse_mixed_devices(op, append_key, [
-        (append_value, "append_value"), (slot_mapping, "slot_mapping"), (k_cache, "paged_kv_cache"),
-        (k_cache_sf, "kv_cache_sf"), (v_cache, "paged_kv_cache[1]"), (v_cache_sf, "kv_cache_sf[1]")],
-        [(k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")])
+    _refuse_mixed_devices(
+        op,
+        append_key,
+        [
+            (append_value, "append_value"),
+            (slot_mapping, "slot_mapping"),
+            (k_cache, "paged_kv_cache"),
+            (k_cache_sf, "kv_cache_sf"),
+            (v_cache, "paged_kv_cache[1]"),
+            (v_cache_sf, "kv_cache_sf[1]"),
+        ],
+        [(k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")],
+    )
     names = _cache_names(v_cache)
     _refuse_shared_storage_under_compile(
-        op, list(zip((k_cache, v_cache, k_cache_sf, v_cache_sf), names)),
-        [(append_key, "append_key"), (append_value, "append_value"), (slot_mapping, "slot_mapping"),
-         (k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")])
+        op,
+        list(zip((k_cache, v_cache, k_cache_sf, v_cache_sf), names)),
+        [
+            (append_key, "append_key"),
+            (append_value, "append_value"),
+            (slot_mapping, "slot_mapping"),
+            (k_scale_tensor, "k_scale"),
+            (v_scale_tensor, "v_scale"),
+        ],
+    )
 
 
 @torch.library.register_fake("nvfp4kv::dequantize")

@@ -32,8 +32,10 @@ def e2m1_and_ufp8sf_scale_to_float(
     """
     name = "nvfp4kv.fp4_quantization.e2m1_and_ufp8sf_scale_to_float"
     if is_sf_swizzled_layout:
-        raise NotImplementedError(f"{name}: only the linear scale layout (is_sf_swizzled_layout=False) is "
-                                  "supported; nvfp4kv caches store linear scales")
+        raise NotImplementedError(
+            f"{name}: only the linear scale layout (is_sf_swizzled_layout=False) is "
+            "supported; nvfp4kv caches store linear scales"
+        )
     if sf_vec_size != 16:
         raise NotImplementedError(f"{name}: sf_vec_size must be 16 (NVFP4), got {sf_vec_size}")
     if ufp8_type != 1:
@@ -42,27 +44,40 @@ def e2m1_and_ufp8sf_scale_to_float(
     if not isinstance(e2m1_tensor, torch.Tensor):
         raise TypeError(f"{name}: e2m1_tensor must be {expected}, got {type(e2m1_tensor).__name__}")
     if e2m1_tensor.dtype != torch.uint8 or e2m1_tensor.dim() != 2 or e2m1_tensor.shape[1] % 8 != 0:
-        raise ValueError(f"{name}: e2m1_tensor must be {expected}, got dtype {_dtype_name(e2m1_tensor.dtype)}, "
-                         f"shape {list(e2m1_tensor.shape)}")
+        raise ValueError(
+            f"{name}: e2m1_tensor must be {expected}, got dtype {_dtype_name(e2m1_tensor.dtype)}, "
+            f"shape {list(e2m1_tensor.shape)}"
+        )
     rows, half_k = e2m1_tensor.shape
     if not isinstance(ufp8_scale_tensor, torch.Tensor):
-        raise TypeError(f"{name}: ufp8_scale_tensor must be a uint8 or float8_e4m3fn tensor, got "
-                        f"{type(ufp8_scale_tensor).__name__}")
+        raise TypeError(
+            f"{name}: ufp8_scale_tensor must be a uint8 or float8_e4m3fn tensor, got {type(ufp8_scale_tensor).__name__}"
+        )
     if ufp8_scale_tensor.dtype not in (torch.uint8, torch.float8_e4m3fn):
-        raise ValueError(f"{name}: ufp8_scale_tensor must be a uint8 or float8_e4m3fn tensor, got dtype "
-                         f"{_dtype_name(ufp8_scale_tensor.dtype)}")
+        raise ValueError(
+            f"{name}: ufp8_scale_tensor must be a uint8 or float8_e4m3fn tensor, got dtype "
+            f"{_dtype_name(ufp8_scale_tensor.dtype)}"
+        )
     if ufp8_scale_tensor.numel() != rows * half_k // 8:
-        raise ValueError(f"{name}: ufp8_scale_tensor must hold M * K/16 = {rows * half_k // 8} scales, got "
-                         f"{ufp8_scale_tensor.numel()}")
+        raise ValueError(
+            f"{name}: ufp8_scale_tensor must hold M * K/16 = {rows * half_k // 8} scales, got "
+            f"{ufp8_scale_tensor.numel()}"
+        )
     if ufp8_scale_tensor.device != e2m1_tensor.device:
-        raise ValueError(f"{name}: ufp8_scale_tensor must be on e2m1_tensor's device ({e2m1_tensor.device}), got "
-                         f"{ufp8_scale_tensor.device}")
+        raise ValueError(
+            f"{name}: ufp8_scale_tensor must be on e2m1_tensor's device ({e2m1_tensor.device}), got "
+            f"{ufp8_scale_tensor.device}"
+        )
     if not isinstance(global_scale_tensor, torch.Tensor):
-        raise TypeError(f"{name}: global_scale_tensor must be a one-element float32 tensor, got "
-                        f"{type(global_scale_tensor).__name__}")
+        raise TypeError(
+            f"{name}: global_scale_tensor must be a one-element float32 tensor, got "
+            f"{type(global_scale_tensor).__name__}"
+        )
     if global_scale_tensor.dtype != torch.float32 or global_scale_tensor.numel() != 1:
-        raise ValueError(f"{name}: global_scale_tensor must be a one-element float32 tensor, got dtype "
-                         f"{_dtype_name(global_scale_tensor.dtype)}, shape {list(global_scale_tensor.shape)}")
+        raise ValueError(
+            f"{name}: global_scale_tensor must be a one-element float32 tensor, got dtype "
+            f"{_dtype_name(global_scale_tensor.dtype)}, shape {list(global_scale_tensor.shape)}"
+        )
     scales = ufp8_scale_tensor.reshape(rows, half_k // 8)
     if scales.dtype == torch.uint8:
         scales = scales.view(torch.float8_e4m3fn)

@@ -27,8 +27,10 @@ def library_path() -> Path:
 def load() -> None:
     path = library_path()
     if not path.exists():
-        raise ImportError(f"nvfp4kv: compiled library not found at {path}; install the package with "
-                          "`pip install --no-build-isolation .` from the repository root")
+        raise ImportError(
+            f"nvfp4kv: compiled library not found at {path}; install the package with "
+            "`pip install --no-build-isolation .` from the repository root"
+        )
     torch.ops.load_library(str(path))
 
 

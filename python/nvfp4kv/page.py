@@ -19,9 +19,11 @@ def _split_cache(cache: Cache, name: str) -> Tuple[torch.Tensor, Optional[torch.
         return cache, None
     if isinstance(cache, (tuple, list)) and len(cache) == 2:
         return cache[0], cache[1]
-    raise TypeError(f"nvfp4kv: {name} must be a tensor or a (K, V) tuple of two "
-                    f"tensors, got {type(cache).__name__}" +
-                    (f" of length {len(cache)}" if isinstance(cache, (tuple, list)) else ""))
+    raise TypeError(
+        f"nvfp4kv: {name} must be a tensor or a (K, V) tuple of two "
+        f"tensors, got {type(cache).__name__}"
+        + (f" of length {len(cache)}" if isinstance(cache, (tuple, list)) else "")
+    )
 
 
 Scale = Union[float, torch.Tensor]
@@ -34,8 +36,9 @@ def _scale_argument(op: str, name: str, scale) -> Tuple[float, Optional[torch.Te
     if isinstance(scale, (torch.SymFloat, torch.SymInt)):
         return scale, None
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"nvfp4kv.{op}: {name} must be a float or a one-element float32 tensor, got "
-                        f"{type(scale).__name__}")
+        raise TypeError(
+            f"nvfp4kv.{op}: {name} must be a float or a one-element float32 tensor, got {type(scale).__name__}"
+        )
     return float(scale), None
 
 
@@ -65,24 +68,7 @@ def _cache_names(caches) -> Tuple[str, ...]:
     return _CACHE_NAMES if caches[1] is not None else ("paged_kv_cache", "", "kv_cache_sf", "")
 
 
-def _any_inference(caches) -> bool:
-    """Whether a cache is an inference tensor while inference mode is off: torch refuses in-place writes to
-    those, and so do the appends (_refuse_inference)."""
-    return not _inference_mode_enabled() and any(c is not None and c.is_inference() for c in caches)
-
-
-def _refuse_inference(op: str, caches) -> None:
-    for name, cache in zip(_cache_names(caches), caches):
-        if cache is not None and cache.is_inference():
-            raise RuntimeError(f"nvfp4kv.{op}: {name} is an inference tensor; an in-place update to an inference "
-                               "tensor outside InferenceMode is not allowed (make a clone first)")
-
-
 _CACHE_NAMES = ("paged_kv_cache[0]", "paged_kv_cache[1]", "kv_cache_sf[0]", "kv_cache_sf[1]")
-_inference_mode_enabled = torch.is_inference_mode_enabled
-# The kernels write through data pointers, so the wrapper bumps the caches' version counters as torch's
-# in-place ops do (autograd then refuses stale saved tensors). Calls through torch.ops skip it.
-_increment_version = torch._C._increment_version
 
 # Eagerly the API calls an overload's C++ entry point (_op), skipping OpOverload.__call__'s Python frame;
 # TorchDynamo (torch.compile, strict export) cannot trace _op and gets the OpOverload itself.
@@ -125,62 +111,194 @@ def nvfp4_quantize_append_paged_kv_cache(
     scale_search: "none" (SPEC) or "4over6" (per block, the 4-targeted scale when it has less error).
     """
     # The call of every layer of every decode step: (K, V) tuples, float scales, eager, no debug checks.
-    if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
-            type(v_scale) is float and type(kv_layout) is str and len(paged_kv_cache) == 2 and \
-            len(kv_cache_sf) == 2 and not debug_checks.ENABLED and not is_dynamo_compiling():
+    if (
+        type(paged_kv_cache) is tuple
+        and type(kv_cache_sf) is tuple
+        and type(k_scale) is float
+        and type(v_scale) is float
+        and type(kv_layout) is str
+        and len(paged_kv_cache) == 2
+        and len(kv_cache_sf) == 2
+        and not debug_checks.ENABLED
+        and not is_dynamo_compiling()
+    ):
         k, v = paged_kv_cache
         k_sf, v_sf = kv_cache_sf
-        caches = (k, v, k_sf, v_sf)
-        if not _inference_mode_enabled() and (k.is_inference() or v.is_inference() or k_sf.is_inference() or
-                                              v_sf.is_inference()):
-            _refuse_inference(_OP, caches)
         try:
             if v_sf_layout == "linear" and scale_search == "none":  # the schema's defaults: ~4% less to parse
-                _APPEND_OP(append_key, append_value, batch_indices, positions, k, v, k_sf, v_sf, kv_indices,
-                           kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout)
+                _APPEND_OP(
+                    append_key,
+                    append_value,
+                    batch_indices,
+                    positions,
+                    k,
+                    v,
+                    k_sf,
+                    v_sf,
+                    kv_indices,
+                    kv_indptr,
+                    kv_last_page_len,
+                    k_scale,
+                    v_scale,
+                    kv_layout,
+                )
             else:
-                _APPEND_OP(append_key, append_value, batch_indices, positions, k, v, k_sf, v_sf, kv_indices,
-                           kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout, None, None, v_sf_layout,
-                           scale_search)
+                _APPEND_OP(
+                    append_key,
+                    append_value,
+                    batch_indices,
+                    positions,
+                    k,
+                    v,
+                    k_sf,
+                    v_sf,
+                    kv_indices,
+                    kv_indptr,
+                    kv_last_page_len,
+                    k_scale,
+                    v_scale,
+                    kv_layout,
+                    None,
+                    None,
+                    v_sf_layout,
+                    scale_search,
+                )
         except (TypeError, RuntimeError):
-            _check_append_types(append_key, append_value, batch_indices, positions, caches, kv_indices,
-                                kv_indptr, kv_last_page_len, kv_layout, v_sf_layout, scale_search)
+            _check_append_types(
+                append_key,
+                append_value,
+                batch_indices,
+                positions,
+                (k, v, k_sf, v_sf),
+                kv_indices,
+                kv_indptr,
+                kv_last_page_len,
+                kv_layout,
+                v_sf_layout,
+                scale_search,
+            )
             raise
-        _increment_version(caches)
         return
     k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
-        _OP, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+        _OP, paged_kv_cache, kv_cache_sf, k_scale, v_scale
+    )
     caches = (k_cache, v_cache, k_sf, v_sf)
-    _check_append_types(append_key, append_value, batch_indices, positions, caches, kv_indices, kv_indptr,
-                        kv_last_page_len, kv_layout, v_sf_layout, scale_search)
+    _check_append_types(
+        append_key,
+        append_value,
+        batch_indices,
+        positions,
+        caches,
+        kv_indices,
+        kv_indptr,
+        kv_last_page_len,
+        kv_layout,
+        v_sf_layout,
+        scale_search,
+    )
     if is_dynamo_compiling():
         if debug_checks.ENABLED:  # checked by an op of its own at run time (the index data is device data)
             batch_indices = debug_checks.checked_batch_indices(
-                batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k_tensor, v_tensor,
-                *debug_checks.page_geometry(k_cache, v_cache, kv_layout))
-        _APPEND(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices,
-                kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout,
-                scale_search)
+                batch_indices,
+                positions,
+                kv_indices,
+                kv_indptr,
+                kv_last_page_len,
+                k_tensor,
+                v_tensor,
+                *debug_checks.page_geometry(k_cache, v_cache, kv_layout),
+            )
+        _APPEND(
+            append_key,
+            append_value,
+            batch_indices,
+            positions,
+            k_cache,
+            v_cache,
+            k_sf,
+            v_sf,
+            kv_indices,
+            kv_indptr,
+            kv_last_page_len,
+            k_value,
+            v_value,
+            kv_layout,
+            k_tensor,
+            v_tensor,
+            v_sf_layout,
+            scale_search,
+        )
         return
-    if _any_inference(caches):
-        _refuse_inference(_OP, caches)
     if debug_checks.ENABLED:
-        debug_checks.check_append(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf,
-                                  kv_indices, kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor,
-                                  v_tensor, v_sf_layout, scale_search)
-    _APPEND_OP(append_key, append_value, batch_indices, positions, k_cache, v_cache, k_sf, v_sf, kv_indices,
-               kv_indptr, kv_last_page_len, k_value, v_value, kv_layout, k_tensor, v_tensor, v_sf_layout,
-               scale_search)
-    _increment_version([c for c in caches if c is not None])
+        debug_checks.check_append(
+            append_key,
+            append_value,
+            batch_indices,
+            positions,
+            k_cache,
+            v_cache,
+            k_sf,
+            v_sf,
+            kv_indices,
+            kv_indptr,
+            kv_last_page_len,
+            k_value,
+            v_value,
+            kv_layout,
+            k_tensor,
+            v_tensor,
+            v_sf_layout,
+            scale_search,
+        )
+    _APPEND_OP(
+        append_key,
+        append_value,
+        batch_indices,
+        positions,
+        k_cache,
+        v_cache,
+        k_sf,
+        v_sf,
+        kv_indices,
+        kv_indptr,
+        kv_last_page_len,
+        k_value,
+        v_value,
+        kv_layout,
+        k_tensor,
+        v_tensor,
+        v_sf_layout,
+        scale_search,
+    )
 
 
-def _check_append_types(append_key, append_value, batch_indices, positions, caches, kv_indices, kv_indptr,
-                        kv_last_page_len, kv_layout, v_sf_layout, scale_search) -> None:
-    _check_python_types(_OP, (("append_key", append_key), ("append_value", append_value),
-                              ("batch_indices", batch_indices), ("positions", positions), *zip(_cache_names(caches), caches),
-                              ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
-                              ("kv_last_page_len", kv_last_page_len)),
-                        (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search)))
+def _check_append_types(
+    append_key,
+    append_value,
+    batch_indices,
+    positions,
+    caches,
+    kv_indices,
+    kv_indptr,
+    kv_last_page_len,
+    kv_layout,
+    v_sf_layout,
+    scale_search,
+) -> None:
+    _check_python_types(
+        _OP,
+        (
+            ("append_key", append_key),
+            ("append_value", append_value),
+            ("batch_indices", batch_indices),
+            ("positions", positions),
+            *zip(_cache_names(caches), caches),
+            ("kv_indices", kv_indices),
+            ("kv_indptr", kv_indptr),
+            ("kv_last_page_len", kv_last_page_len),
+        ),
+        (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search)),
+    )
 
 
 def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
@@ -202,55 +320,122 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     slot_mapping[i] // page_size, entry slot_mapping[i] % page_size. Negative slots are padding
     (skipped), and so are slots at or beyond max_num_pages * page_size. Rows past n are ignored.
     """
-    if type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float and \
-            type(v_scale) is float and type(kv_layout) is str and len(paged_kv_cache) == 2 and \
-            len(kv_cache_sf) == 2 and not debug_checks.ENABLED and not is_dynamo_compiling():
+    if (
+        type(paged_kv_cache) is tuple
+        and type(kv_cache_sf) is tuple
+        and type(k_scale) is float
+        and type(v_scale) is float
+        and type(kv_layout) is str
+        and len(paged_kv_cache) == 2
+        and len(kv_cache_sf) == 2
+        and not debug_checks.ENABLED
+        and not is_dynamo_compiling()
+    ):
         k, v = paged_kv_cache
         k_sf, v_sf = kv_cache_sf
-        caches = (k, v, k_sf, v_sf)
-        if not _inference_mode_enabled() and (k.is_inference() or v.is_inference() or k_sf.is_inference() or
-                                              v_sf.is_inference()):
-            _refuse_inference(_OP_WITH_SLOT_MAPPING, caches)
         try:
             if v_sf_layout == "linear" and scale_search == "none":
-                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k, v, k_sf, v_sf, k_scale,
-                                             v_scale, kv_layout)
+                _APPEND_WITH_SLOT_MAPPING_OP(
+                    append_key, append_value, slot_mapping, k, v, k_sf, v_sf, k_scale, v_scale, kv_layout
+                )
             else:
-                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k, v, k_sf, v_sf, k_scale,
-                                             v_scale, kv_layout, None, None, v_sf_layout, scale_search)
+                _APPEND_WITH_SLOT_MAPPING_OP(
+                    append_key,
+                    append_value,
+                    slot_mapping,
+                    k,
+                    v,
+                    k_sf,
+                    v_sf,
+                    k_scale,
+                    v_scale,
+                    kv_layout,
+                    None,
+                    None,
+                    v_sf_layout,
+                    scale_search,
+                )
         except (TypeError, RuntimeError):
-            _check_slot_mapping_types(append_key, append_value, slot_mapping, caches, kv_layout, v_sf_layout,
-                                      scale_search)
+            _check_slot_mapping_types(
+                append_key, append_value, slot_mapping, (k, v, k_sf, v_sf), kv_layout, v_sf_layout, scale_search
+            )
             raise
-        _increment_version(caches)
         return
     k_cache, v_cache, k_sf, v_sf, k_value, v_value, k_tensor, v_tensor = _op_arguments(
-        _OP_WITH_SLOT_MAPPING, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+        _OP_WITH_SLOT_MAPPING, paged_kv_cache, kv_cache_sf, k_scale, v_scale
+    )
     caches = (k_cache, v_cache, k_sf, v_sf)
     _check_slot_mapping_types(append_key, append_value, slot_mapping, caches, kv_layout, v_sf_layout, scale_search)
     if is_dynamo_compiling():
         if debug_checks.ENABLED:
-            slot_mapping = debug_checks.checked_slot_mapping(slot_mapping, k_tensor, v_tensor,
-                                                             *debug_checks.page_geometry(k_cache, v_cache, kv_layout))
-        _APPEND_WITH_SLOT_MAPPING(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value,
-                                  v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
+            slot_mapping = debug_checks.checked_slot_mapping(
+                slot_mapping, k_tensor, v_tensor, *debug_checks.page_geometry(k_cache, v_cache, kv_layout)
+            )
+        _APPEND_WITH_SLOT_MAPPING(
+            append_key,
+            append_value,
+            slot_mapping,
+            k_cache,
+            v_cache,
+            k_sf,
+            v_sf,
+            k_value,
+            v_value,
+            kv_layout,
+            k_tensor,
+            v_tensor,
+            v_sf_layout,
+            scale_search,
+        )
         return
-    if _any_inference(caches):
-        _refuse_inference(_OP_WITH_SLOT_MAPPING, caches)
     if debug_checks.ENABLED:
-        debug_checks.check_append_with_slot_mapping(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf,
-                                                    v_sf, k_value, v_value, kv_layout, k_tensor, v_tensor,
-                                                    v_sf_layout, scale_search)
-    _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k_cache, v_cache, k_sf, v_sf, k_value,
-                                 v_value, kv_layout, k_tensor, v_tensor, v_sf_layout, scale_search)
-    _increment_version([c for c in caches if c is not None])
+        debug_checks.check_append_with_slot_mapping(
+            append_key,
+            append_value,
+            slot_mapping,
+            k_cache,
+            v_cache,
+            k_sf,
+            v_sf,
+            k_value,
+            v_value,
+            kv_layout,
+            k_tensor,
+            v_tensor,
+            v_sf_layout,
+            scale_search,
+        )
+    _APPEND_WITH_SLOT_MAPPING_OP(
+        append_key,
+        append_value,
+        slot_mapping,
+        k_cache,
+        v_cache,
+        k_sf,
+        v_sf,
+        k_value,
+        v_value,
+        kv_layout,
+        k_tensor,
+        v_tensor,
+        v_sf_layout,
+        scale_search,
+    )
 
 
-def _check_slot_mapping_types(append_key, append_value, slot_mapping, caches, kv_layout, v_sf_layout,
-                              scale_search) -> None:
-    _check_python_types(_OP_WITH_SLOT_MAPPING, (("append_key", append_key), ("append_value", append_value),
-                                                ("slot_mapping", slot_mapping), *zip(_cache_names(caches), caches)),
-                        (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search)))
+def _check_slot_mapping_types(
+    append_key, append_value, slot_mapping, caches, kv_layout, v_sf_layout, scale_search
+) -> None:
+    _check_python_types(
+        _OP_WITH_SLOT_MAPPING,
+        (
+            ("append_key", append_key),
+            ("append_value", append_value),
+            ("slot_mapping", slot_mapping),
+            *zip(_cache_names(caches), caches),
+        ),
+        (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search)),
+    )
 
 
 # ---------------------------------------------------------------- helpers' argument checks
@@ -287,14 +472,17 @@ def _check_index_vector(op: str, name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"nvfp4kv.{op}: {name} must be a 1-D int32 or int64 tensor, got {type(t).__name__}")
     if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
-        raise ValueError(f"nvfp4kv.{op}: {name} must be a 1-D int32 or int64 tensor, got dtype "
-                         f"{_dtype_name(t.dtype)}, shape {list(t.shape)}")
+        raise ValueError(
+            f"nvfp4kv.{op}: {name} must be a 1-D int32 or int64 tensor, got dtype "
+            f"{_dtype_name(t.dtype)}, shape {list(t.shape)}"
+        )
 
 
 def _check_same_device(op: str, name: str, t: torch.Tensor, reference_name: str, reference: torch.Tensor) -> None:
     if t.device != reference.device:
-        raise ValueError(f"nvfp4kv.{op}: {name} must be on {reference_name}'s device ({reference.device}), got "
-                         f"{t.device}")
+        raise ValueError(
+            f"nvfp4kv.{op}: {name} must be on {reference_name}'s device ({reference.device}), got {t.device}"
+        )
 
 
 def _check_indptr(op: str, indptr_name: str, indptr, lengths_name: str, lengths) -> None:
@@ -304,8 +492,10 @@ def _check_indptr(op: str, indptr_name: str, indptr, lengths_name: str, lengths)
     if indptr.numel() < 1:
         raise ValueError(f"nvfp4kv.{op}: {indptr_name} must have at least one entry (batch_size + 1), got 0")
     if lengths.numel() != indptr.numel() - 1:
-        raise ValueError(f"nvfp4kv.{op}: {lengths_name} must have len({indptr_name}) - 1 = {indptr.numel() - 1} "
-                         f"entries, got {lengths.numel()}")
+        raise ValueError(
+            f"nvfp4kv.{op}: {lengths_name} must have len({indptr_name}) - 1 = {indptr.numel() - 1} "
+            f"entries, got {lengths.numel()}"
+        )
     _check_same_device(op, lengths_name, lengths, indptr_name, indptr)
 
 
@@ -343,8 +533,10 @@ def get_batch_indices_positions(
     device = append_indptr.device
     batch_size = seq_lens.numel()
     if batch_size == 0:
-        return (torch.full((nnz,), -1, dtype=torch.int32, device=device),
-                torch.full((nnz,), -1, dtype=torch.int32, device=device))
+        return (
+            torch.full((nnz,), -1, dtype=torch.int32, device=device),
+            torch.full((nnz,), -1, dtype=torch.int32, device=device),
+        )
     rows = torch.arange(nnz, device=device)
     indptr = append_indptr.long()
     # The request holding row j when append_indptr is non-decreasing; for other data some request,
@@ -361,8 +553,10 @@ def get_batch_indices_positions(
 
 def _check_trtllm_tiles(op: str, subject: str, page_size: int, blocks: int) -> None:
     if page_size % 4 != 0 or blocks % 4 != 0:
-        raise ValueError(f"nvfp4kv.{op}: {subject} needs page_size % 4 == 0 and head_dim % 64 == 0, got "
-                         f"page_size {page_size} and head_dim {blocks * 16}")
+        raise ValueError(
+            f"nvfp4kv.{op}: {subject} needs page_size % 4 == 0 and head_dim % 64 == 0, got "
+            f"page_size {page_size} and head_dim {blocks * 16}"
+        )
 
 
 def _cache_halves(op: str, name: str, cache: Cache, dtype: torch.dtype) -> Tuple[Tuple[torch.Tensor, str], ...]:
@@ -374,8 +568,10 @@ def _cache_halves(op: str, name: str, cache: Cache, dtype: torch.dtype) -> Tuple
         if t.dtype != dtype:
             raise ValueError(f"nvfp4kv.{op}: {part} must have dtype {_dtype_name(dtype)}, got {_dtype_name(t.dtype)}")
         if second is None and (t.dim() != 5 or t.shape[1] != 2):
-            raise ValueError(f"nvfp4kv.{op}: {part} as one tensor must be 5-D with K/V on dim 1 ([max_num_pages, 2, "
-                             f"...]), got shape {list(t.shape)}")
+            raise ValueError(
+                f"nvfp4kv.{op}: {part} as one tensor must be 5-D with K/V on dim 1 ([max_num_pages, 2, "
+                f"...]), got shape {list(t.shape)}"
+            )
         if second is not None and t.dim() != 4:
             raise ValueError(f"nvfp4kv.{op}: {part} must be a 4-D tensor, got shape {list(t.shape)}")
     return parts if second is not None else ((first[:, 0], name), (first[:, 1], name))
@@ -390,9 +586,11 @@ def _dequantize_scale(op: str, name: str, scale: Scale, device: torch.device) ->
             raise ValueError(f"nvfp4kv.{op}: {name} must be a positive finite float32 value, got {scale}")
         return value
     if tensor.dtype != torch.float32 or tensor.numel() != 1 or tensor.device != device:
-        raise ValueError(f"nvfp4kv.{op}: {name} as a tensor must be a one-element float32 tensor on paged_kv_cache's "
-                         f"device ({device}), got dtype {_dtype_name(tensor.dtype)}, shape {list(tensor.shape)}, "
-                         f"device {tensor.device}")
+        raise ValueError(
+            f"nvfp4kv.{op}: {name} as a tensor must be a one-element float32 tensor on paged_kv_cache's "
+            f"device ({device}), got dtype {_dtype_name(tensor.dtype)}, shape {list(tensor.shape)}, "
+            f"device {tensor.device}"
+        )
     return tensor.reshape(())
 
 
@@ -402,8 +600,14 @@ def _first(mask: torch.Tensor) -> Optional[int]:
     return int(hits[0, 0]) if hits.numel() else None
 
 
-def _page_table_tokens(op: str, kv_indices: torch.Tensor, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
-                       page_size: int, num_pages: int) -> torch.Tensor:
+def _page_table_tokens(
+    op: str,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    page_size: int,
+    num_pages: int,
+) -> torch.Tensor:
     """[2, total_tokens] int64 on the CPU: the (page id, entry) of every token of every request in order.
 
     The page table is copied to the host in one transfer and validated there; ValueError names the
@@ -417,23 +621,28 @@ def _page_table_tokens(op: str, kv_indices: torch.Tensor, kv_indptr: torch.Tenso
         raise ValueError(f"{name}: kv_indptr[0] must be >= 0, got {int(indptr[0])}")
     b = _first(indptr[1:] < indptr[:-1])  # compared, not subtracted: no overflow
     if b is not None:
-        raise ValueError(f"{name}: kv_indptr must be non-decreasing, got kv_indptr[{b + 1}] = {int(indptr[b + 1])} "
-                         f"after kv_indptr[{b}] = {int(indptr[b])}")
+        raise ValueError(
+            f"{name}: kv_indptr must be non-decreasing, got kv_indptr[{b + 1}] = {int(indptr[b + 1])} "
+            f"after kv_indptr[{b}] = {int(indptr[b])}"
+        )
     if indptr[-1] > indices.numel():
-        raise ValueError(f"{name}: kv_indptr[-1] must be <= len(kv_indices) = {indices.numel()}, got "
-                         f"{int(indptr[-1])}")
+        raise ValueError(f"{name}: kv_indptr[-1] must be <= len(kv_indices) = {indices.numel()}, got {int(indptr[-1])}")
     has_pages = indptr[1:] > indptr[:-1]
     b = _first(torch.where(has_pages, (last < 1) | (last > page_size), last != 0))
     if b is not None:
-        expected = (f"in [1, page_size = {page_size}] for a request with pages" if has_pages[b] else
-                    "0 for a request without pages")
+        expected = (
+            f"in [1, page_size = {page_size}] for a request with pages"
+            if has_pages[b]
+            else "0 for a request without pages"
+        )
         raise ValueError(f"{name}: kv_last_page_len[{b}] must be {expected}, got {int(last[b])}")
     begin = int(indptr[0])
-    used = indices[begin:int(indptr[-1])]
+    used = indices[begin : int(indptr[-1])]
     k = _first((used < 0) | (used >= num_pages))
     if k is not None:
-        raise ValueError(f"{name}: kv_indices[{begin + k}] must be a page id in [0, max_num_pages = {num_pages}), "
-                         f"got {int(used[k])}")
+        raise ValueError(
+            f"{name}: kv_indices[{begin + k}] must be a page id in [0, max_num_pages = {num_pages}), got {int(used[k])}"
+        )
     seq_lens = get_seq_lens(indptr, last, page_size)
     batch = torch.repeat_interleave(torch.arange(batch_size), seq_lens)
     positions = torch.arange(batch.numel()) - (torch.cumsum(seq_lens, 0) - seq_lens)[batch]
@@ -479,15 +688,21 @@ def dequantize_paged_kv_cache(
     if page_size < 1:
         raise ValueError(f"{name}: {k_name} must have page_size >= 1, got shape {list(k_cache.shape)}")
     if width % 8 != 0:
-        raise ValueError(f"{name}: {k_name} must have a last dim head_dim/2 that is a multiple of 8, got shape "
-                         f"{list(k_cache.shape)}")
+        raise ValueError(
+            f"{name}: {k_name} must have a last dim head_dim/2 that is a multiple of 8, got shape {list(k_cache.shape)}"
+        )
     dims = "[max_num_pages, page_size, num_kv_heads, " if nhd else "[max_num_pages, num_kv_heads, page_size, "
-    for t, part, last in ((v_cache, v_name, "head_dim/2"), (k_sf, k_sf_name, "head_dim/16"),
-                          (v_sf, v_sf_name, "head_dim/16")):
+    for t, part, last in (
+        (v_cache, v_name, "head_dim/2"),
+        (k_sf, k_sf_name, "head_dim/16"),
+        (v_sf, v_sf_name, "head_dim/16"),
+    ):
         expected = [*k_cache.shape[:3], width if last == "head_dim/2" else width // 8]
         if list(t.shape) != expected:
-            raise ValueError(f"{name}: {part} must have shape {dims}{last}] = {expected} for kv_layout {kv_layout}, "
-                             f"got {list(t.shape)}")
+            raise ValueError(
+                f"{name}: {part} must have shape {dims}{last}] = {expected} for kv_layout {kv_layout}, "
+                f"got {list(t.shape)}"
+            )
         _check_same_device(op, part, t, k_name, k_cache)
     _check_index_vector(op, "kv_indices", kv_indices)
     _check_indptr(op, "kv_indptr", kv_indptr, "kv_last_page_len", kv_last_page_len)
@@ -499,7 +714,8 @@ def dequantize_paged_kv_cache(
         _check_trtllm_tiles(op, f'v_sf_layout "{v_sf_layout}"', page_size, width // 8)
 
     pages, entries = _page_table_tokens(op, kv_indices, kv_indptr, kv_last_page_len, page_size, num_pages).to(
-        k_cache.device)
+        k_cache.device
+    )
     if v_sf_layout != "linear":
         v_sf = convert_v_scale_layout(v_sf, src=v_sf_layout, dst="linear", kv_layout=kv_layout)
 
@@ -516,8 +732,13 @@ def dequantize_paged_kv_cache(
     return read(k_cache, k_sf, k_scale), read(v_cache, v_sf, v_scale)
 
 
-def convert_v_scale_layout(v_sf: torch.Tensor, src: str = "linear", dst: str = "trtllm", kv_layout: str = "NHD",
-                           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def convert_v_scale_layout(
+    v_sf: torch.Tensor,
+    src: str = "linear",
+    dst: str = "trtllm",
+    kv_layout: str = "NHD",
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Rewrites a V-scale cache [pages, T, H, S] (NHD) or [pages, H, T, S] (HND) between the "linear"
     and "trtllm" layouts (both directions; T = page_size, S = head_dim / 16). Returns a new tensor, or
     writes into `out` (which may be v_sf itself: in place). In "trtllm" each (page, head) tile of T x S
@@ -533,25 +754,34 @@ def convert_v_scale_layout(v_sf: torch.Tensor, src: str = "linear", dst: str = "
     if not isinstance(v_sf, torch.Tensor):
         raise TypeError(f"{name}: v_sf must be {expected}, got {type(v_sf).__name__}")
     if v_sf.dim() != 4 or v_sf.dtype not in (torch.float8_e4m3fn, torch.uint8):
-        raise ValueError(f"{name}: v_sf must be {expected}, got dtype {_dtype_name(v_sf.dtype)}, shape "
-                         f"{list(v_sf.shape)}")
+        raise ValueError(
+            f"{name}: v_sf must be {expected}, got dtype {_dtype_name(v_sf.dtype)}, shape {list(v_sf.shape)}"
+        )
     tiles = v_sf if kv_layout == "HND" else v_sf.transpose(1, 2)  # [pages, H, T, S]
     pages, heads, page_size, blocks = tiles.shape
     _check_trtllm_tiles(op, "the trtllm layout", page_size, blocks)
     if out is not None and not isinstance(out, torch.Tensor):
         raise TypeError(f"{name}: out must be a tensor matching v_sf, got {type(out).__name__}")
     if out is not None and (out.shape != v_sf.shape or out.dtype != v_sf.dtype or out.device != v_sf.device):
-        raise ValueError(f"{name}: out must match v_sf ({list(v_sf.shape)}, {v_sf.dtype}, {v_sf.device}), got "
-                         f"{list(out.shape)}, {out.dtype}, {out.device}")
+        raise ValueError(
+            f"{name}: out must match v_sf ({list(v_sf.shape)}, {v_sf.dtype}, {v_sf.device}), got "
+            f"{list(out.shape)}, {out.dtype}, {out.device}"
+        )
     raw = tiles.contiguous().view(torch.uint8) if tiles.dtype != torch.uint8 else tiles.contiguous()
     if src == dst:
         converted = raw
     elif dst == "trtllm":  # [.., T/4, 4, S] -> [.., T/4, S, 4]
-        converted = raw.reshape(pages, heads, page_size // 4, 4, blocks).transpose(-1, -2).reshape(
-            pages, heads, page_size, blocks)
+        converted = (
+            raw.reshape(pages, heads, page_size // 4, 4, blocks)
+            .transpose(-1, -2)
+            .reshape(pages, heads, page_size, blocks)
+        )
     else:  # [.., T/4, S, 4] -> [.., T/4, 4, S]
-        converted = raw.reshape(pages, heads, page_size // 4, blocks, 4).transpose(-1, -2).reshape(
-            pages, heads, page_size, blocks)
+        converted = (
+            raw.reshape(pages, heads, page_size // 4, blocks, 4)
+            .transpose(-1, -2)
+            .reshape(pages, heads, page_size, blocks)
+        )
     converted = converted.view(v_sf.dtype)
     if kv_layout == "NHD":
         converted = converted.transpose(1, 2)

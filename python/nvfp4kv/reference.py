@@ -401,7 +401,18 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     device = slot_mapping.device
     n = slot_mapping.numel()
     nvfp4_quantize_append_paged_kv_cache(
-        append_key[:n], append_value[:n], torch.zeros(n, dtype=torch.int64, device=device), slot_mapping.long(),
-        paged_kv_cache, kv_cache_sf, torch.arange(num_pages, device=device),
-        torch.tensor([0, num_pages], device=device), torch.ones(1, dtype=torch.int64, device=device),
-        k_scale, v_scale, kv_layout, v_sf_layout=v_sf_layout, scale_search=scale_search)
+        append_key[:n],
+        append_value[:n],
+        torch.zeros(n, dtype=torch.int64, device=device),
+        slot_mapping.long(),
+        paged_kv_cache,
+        kv_cache_sf,
+        torch.arange(num_pages, device=device),
+        torch.tensor([0, num_pages], device=device),
+        torch.ones(1, dtype=torch.int64, device=device),
+        k_scale,
+        v_scale,
+        kv_layout,
+        v_sf_layout=v_sf_layout,
+        scale_search=scale_search,
+    )

@@ -53,9 +53,15 @@ def main(folder: Path) -> None:
     def portable(t):
         return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
-    torch.save({name: {key: [portable(t) for t in value] if isinstance(value, list) else value
-                       for key, value in case.items()} for name, case in cases.items()},
-               str(folder / "cases.pt"))
+    torch.save(
+        {
+            name: {
+                key: [portable(t) for t in value] if isinstance(value, list) else value for key, value in case.items()
+            }
+            for name, case in cases.items()
+        },
+        str(folder / "cases.pt"),
+    )
     print(f"wrote {sorted(p.name for p in folder.iterdir())} to {folder}")
 
 

@@ -15,10 +15,10 @@ namespace {
 namespace codec = nvfp4kv::codec;
 
 struct Case {
-  at::Tensor key, value;                  // [nnz, heads, head_dim]
-  at::Tensor batch_indices, positions;    // [nnz]
+  at::Tensor key, value;                // [nnz, heads, head_dim]
+  at::Tensor batch_indices, positions;  // [nnz]
   at::Tensor kv_indices, kv_indptr, kv_last_page_len;
-  at::Tensor cache, cache_sf;             // stacked [pages, 2, ...] (uint8, float8_e4m3fn), random bytes
+  at::Tensor cache, cache_sf;  // stacked [pages, 2, ...] (uint8, float8_e4m3fn), random bytes
   double k_scale, v_scale;
   std::string layout;
   int64_t page_size;
@@ -53,11 +53,11 @@ Case make_case(uint64_t seed, const std::string& layout, at::ScalarType dtype, a
     c.key = kv.select(1, 0).contiguous();
     c.value = kv.select(1, 1).contiguous();
   }
-  const std::vector<int64_t> inner = layout == "NHD" ? std::vector<int64_t>{page_size, heads}
-                                                     : std::vector<int64_t>{heads, page_size};
+  const std::vector<int64_t> inner =
+      layout == "NHD" ? std::vector<int64_t>{page_size, heads} : std::vector<int64_t>{heads, page_size};
   c.cache = at::randint(0, 256, {num_pages, 2, inner[0], inner[1], head_dim / 2}, at::kByte);
-  c.cache_sf = at::randint(0, 256, {num_pages, 2, inner[0], inner[1], head_dim / 16}, at::kByte)
-                   .view(at::kFloat8_e4m3fn);
+  c.cache_sf =
+      at::randint(0, 256, {num_pages, 2, inner[0], inner[1], head_dim / 16}, at::kByte).view(at::kFloat8_e4m3fn);
   c.k_scale = c.key.abs().max().item<double>() / (6 * 448) * 1.7;
   c.v_scale = c.value.abs().max().item<double>() / (6 * 448) * 0.6;
   return c;
@@ -110,24 +110,23 @@ TEST_P(AppendMatchesCodec, EveryByte) {
   const auto expected = expected_caches(c);
   if (stacked) {
     nvfp4kv::nvfp4_quantize_append_paged_kv_cache(c.key, c.value, c.batch_indices, c.positions, c.cache, c.cache_sf,
-                                                  c.kv_indices, c.kv_indptr, c.kv_last_page_len, c.k_scale,
-                                                  c.v_scale, layout);
+                                                  c.kv_indices, c.kv_indptr, c.kv_last_page_len, c.k_scale, c.v_scale,
+                                                  layout);
   } else {
     // (K, V) as halves of the stacked storage: strided views, as a std::tuple and a braced pair.
-    nvfp4kv::nvfp4_quantize_append_paged_kv_cache(
-        c.key, c.value, c.batch_indices, c.positions, std::make_tuple(c.cache.select(1, 0), c.cache.select(1, 1)),
-        {c.cache_sf.select(1, 0), c.cache_sf.select(1, 1)}, c.kv_indices, c.kv_indptr, c.kv_last_page_len,
-        c.k_scale, c.v_scale, layout);
+    nvfp4kv::nvfp4_quantize_append_paged_kv_cache(c.key, c.value, c.batch_indices, c.positions,
+                                                  std::make_tuple(c.cache.select(1, 0), c.cache.select(1, 1)),
+                                                  {c.cache_sf.select(1, 0), c.cache_sf.select(1, 1)}, c.kv_indices,
+                                                  c.kv_indptr, c.kv_last_page_len, c.k_scale, c.v_scale, layout);
   }
   expect_caches(c, expected);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, AppendMatchesCodec,
-    ::testing::Values(Params{"NHD", false, at::kBFloat16, at::kInt, false},
-                      Params{"NHD", true, at::kHalf, at::kLong, true},
-                      Params{"HND", false, at::kHalf, at::kInt, true},
-                      Params{"HND", true, at::kBFloat16, at::kLong, false}));
+INSTANTIATE_TEST_SUITE_P(Layouts, AppendMatchesCodec,
+                         ::testing::Values(Params{"NHD", false, at::kBFloat16, at::kInt, false},
+                                           Params{"NHD", true, at::kHalf, at::kLong, true},
+                                           Params{"HND", false, at::kHalf, at::kInt, true},
+                                           Params{"HND", true, at::kBFloat16, at::kLong, false}));
 
 TEST(Append, DefaultLayoutIsNHD) {
   Case c = make_case(8, "NHD", at::kBFloat16, at::kInt, false);
@@ -139,8 +138,10 @@ TEST(Append, DefaultLayoutIsNHD) {
 
 TEST(Append, HandComputedTies) {
   // a = 6, s = 1: sf = 0x38 (1.0), r = 1, ties round half to even (tests/test_edge_cases.py).
-  const at::Tensor row = at::tensor({6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -6.0, -0.25, -0.75, -1.25, -1.75,
-                                     -2.5, -3.5, -5.0}).to(at::kBFloat16).reshape({1, 1, 16});
+  const at::Tensor row =
+      at::tensor({6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -6.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0})
+          .to(at::kBFloat16)
+          .reshape({1, 1, 16});
   at::Tensor cache = at::full({1, 2, 1, 1, 8}, 0xA5, at::kByte);
   at::Tensor cache_sf = at::full({1, 2, 1, 1, 1}, 0x5A, at::kByte);
   const at::Tensor zero = at::zeros({1}, at::kInt);
@@ -204,15 +205,24 @@ TEST(Errors, SameMessagesAsPython) {
   };
   const std::string op = "nvfp4kv.append_paged_kv_cache: ";
   expect_error(
-      c, [&] { append({c.cache.select(1, 0), c.cache.select(1, 1)}, {c.cache_sf.select(1, 0), c.cache.select(1, 1)}, c.k_scale, "NHD"); },
+      c,
+      [&] {
+        append({c.cache.select(1, 0), c.cache.select(1, 1)}, {c.cache_sf.select(1, 0), c.cache.select(1, 1)}, c.k_scale,
+               "NHD");
+      },
       op + "kv_cache_sf[1] must have dtype float8_e4m3fn, got uint8");
-  expect_error(c, [&] { append(c.cache, c.cache_sf, c.k_scale, "NDH"); },
-               op + "kv_layout must be \"NHD\" or \"HND\", got \"NDH\"");
-  expect_error(c, [&] { append(c.cache, c.cache_sf, 0.0, "NHD"); },
-               op + "k_scale must be a positive finite float32 value, got 0");
-  expect_error(c, [&] { append(c.cache, c.cache_sf, c.k_scale, "HND"); },
-               op + "paged_kv_cache must have shape [max_num_pages, num_kv_heads, page_size, head_dim/2] = [*, 4, *, "
-                    "32] for kv_layout HND, got [" + std::to_string(c.cache.size(0)) + ", 16, 4, 32]");
+  expect_error(
+      c, [&] { append(c.cache, c.cache_sf, c.k_scale, "NDH"); },
+      op + "kv_layout must be \"NHD\" or \"HND\", got \"NDH\"");
+  expect_error(
+      c, [&] { append(c.cache, c.cache_sf, 0.0, "NHD"); },
+      op + "k_scale must be a positive finite float32 value, got 0");
+  expect_error(
+      c, [&] { append(c.cache, c.cache_sf, c.k_scale, "HND"); },
+      op +
+          "paged_kv_cache must have shape [max_num_pages, num_kv_heads, page_size, head_dim/2] = [*, 4, *, "
+          "32] for kv_layout HND, got [" +
+          std::to_string(c.cache.size(0)) + ", 16, 4, 32]");
 }
 
 // The recipe options reach the op: a bad name or an unusable geometry fails with the Python message,
@@ -226,10 +236,11 @@ TEST(Options, LayoutAndScaleSearchAreForwarded) {
                                                   v_sf_layout, scale_search);
   };
   const std::string op = "nvfp4kv.append_paged_kv_cache: ";
-  expect_error(c, [&] { append(c, "interleaved", "none"); },
-               op + "v_sf_layout must be \"linear\" or \"trtllm\", got \"interleaved\"");
-  expect_error(c, [&] { append(c, "linear", "4over5"); },
-               op + "scale_search must be \"none\" or \"4over6\", got \"4over5\"");
+  expect_error(
+      c, [&] { append(c, "interleaved", "none"); },
+      op + "v_sf_layout must be \"linear\" or \"trtllm\", got \"interleaved\"");
+  expect_error(
+      c, [&] { append(c, "linear", "4over5"); }, op + "scale_search must be \"none\" or \"4over6\", got \"4over5\"");
   Case plain = c, searched = c, interleaved = c;
   for (Case* copy : {&plain, &searched, &interleaved}) {
     copy->cache = c.cache.clone();
@@ -239,10 +250,10 @@ TEST(Options, LayoutAndScaleSearchAreForwarded) {
   append(searched, "linear", "4over6");
   append(interleaved, "trtllm", "none");
   EXPECT_FALSE(at::equal(plain.cache_sf.view(at::kByte), searched.cache_sf.view(at::kByte)));
-  EXPECT_TRUE(at::equal(plain.cache.view(at::kByte), interleaved.cache.view(at::kByte)));      // data unchanged
-  EXPECT_TRUE(at::equal(plain.cache_sf.select(1, 0).view(at::kByte),                           // K scales too
+  EXPECT_TRUE(at::equal(plain.cache.view(at::kByte), interleaved.cache.view(at::kByte)));  // data unchanged
+  EXPECT_TRUE(at::equal(plain.cache_sf.select(1, 0).view(at::kByte),                       // K scales too
                         interleaved.cache_sf.select(1, 0).view(at::kByte)));
-  EXPECT_FALSE(at::equal(plain.cache_sf.select(1, 1).view(at::kByte),                          // V scales move
+  EXPECT_FALSE(at::equal(plain.cache_sf.select(1, 1).view(at::kByte),  // V scales move
                          interleaved.cache_sf.select(1, 1).view(at::kByte)));
 }
 
@@ -255,7 +266,7 @@ TEST(Dequantize, CodesTimesScales) {
   const at::Tensor out = nvfp4kv::dequantize(packed, scales, 0.5);
   ASSERT_EQ(out.sizes(), (std::vector<int64_t>{2, 16}));
   EXPECT_EQ(out.scalar_type(), at::kFloat);
-  EXPECT_EQ(out[0][0].item<float>(), 0.5f);   // 0.5 * 2 * 0.5
+  EXPECT_EQ(out[0][0].item<float>(), 0.5f);  // 0.5 * 2 * 0.5
   EXPECT_EQ(out[0][1].item<float>(), 1.0f);
   EXPECT_EQ(out[0][2].item<float>(), 0.0f);
   EXPECT_TRUE(at::isnan(out[1]).all().item<bool>());  // scale byte 0x7F: the NaN block
@@ -273,22 +284,22 @@ TEST(Dequantize, ReadsBackWhatAppendWrote) {
                                                 c.kv_indices, c.kv_indptr, c.kv_last_page_len, c.k_scale, c.v_scale);
   const int64_t b = c.batch_indices[0].item<int64_t>(), p = c.positions[0].item<int64_t>();
   const int64_t page = c.kv_indices[c.kv_indptr[b].item<int64_t>() + p / c.page_size].item<int64_t>();
-  const at::Tensor row = nvfp4kv::dequantize(c.cache[page][0][p % c.page_size], c.cache_sf[page][0][p % c.page_size],
-                                             c.k_scale);
+  const at::Tensor row =
+      nvfp4kv::dequantize(c.cache[page][0][p % c.page_size], c.cache_sf[page][0][p % c.page_size], c.k_scale);
   const at::Tensor reference = c.key[0].to(at::kFloat);
   const double relative = ((row - reference).pow(2).mean() / reference.pow(2).mean()).sqrt().item<double>();
   EXPECT_LT(relative, 0.15);
 }
 
 TEST(Helpers, SeqLens) {
-  const at::Tensor seq_lens = nvfp4kv::get_seq_lens(at::tensor({0, 2, 2, 5, 6}, at::kInt),
-                                                    at::tensor({3, 0, 16, 1}, at::kInt), 16);
+  const at::Tensor seq_lens =
+      nvfp4kv::get_seq_lens(at::tensor({0, 2, 2, 5, 6}, at::kInt), at::tensor({3, 0, 16, 1}, at::kInt), 16);
   EXPECT_TRUE(at::equal(seq_lens.to(at::kLong), at::tensor({19, 0, 48, 1}, at::kLong)));
 }
 
 TEST(Helpers, BatchIndicesPositions) {
-  const auto [batch_indices, positions] = nvfp4kv::get_batch_indices_positions(
-      at::tensor({0, 3, 3, 4, 6}, at::kInt), at::tensor({10, 7, 1, 2}, at::kInt), 6);
+  const auto [batch_indices, positions] = nvfp4kv::get_batch_indices_positions(at::tensor({0, 3, 3, 4, 6}, at::kInt),
+                                                                               at::tensor({10, 7, 1, 2}, at::kInt), 6);
   EXPECT_EQ(batch_indices.scalar_type(), at::kInt);
   EXPECT_EQ(positions.scalar_type(), at::kInt);
   EXPECT_TRUE(at::equal(batch_indices, at::tensor({0, 0, 0, 2, 3, 3}, at::kInt)));
@@ -316,14 +327,13 @@ TEST(Cuda, AppendWritesTheCodecBytes) {
     const auto expected = expected_caches(c);
     at::Tensor cache = on_cuda(c.cache), cache_sf = on_cuda(c.cache_sf);
     const at::Tensor kv = on_cuda(at::stack({c.key, c.value}, 1));  // strided rows, as on the CPU
-    const nvfp4kv::PagedCache data = stacked ? nvfp4kv::PagedCache(cache)
-                                             : nvfp4kv::PagedCache(cache.select(1, 0), cache.select(1, 1));
-    const nvfp4kv::PagedCache scales = stacked ? nvfp4kv::PagedCache(cache_sf)
-                                               : nvfp4kv::PagedCache(cache_sf.select(1, 0), cache_sf.select(1, 1));
-    nvfp4kv::nvfp4_quantize_append_paged_kv_cache(kv.select(1, 0), kv.select(1, 1), on_cuda(c.batch_indices),
-                                                  on_cuda(c.positions), data, scales, on_cuda(c.kv_indices),
-                                                  on_cuda(c.kv_indptr), on_cuda(c.kv_last_page_len), c.k_scale,
-                                                  c.v_scale, layout);
+    const nvfp4kv::PagedCache data =
+        stacked ? nvfp4kv::PagedCache(cache) : nvfp4kv::PagedCache(cache.select(1, 0), cache.select(1, 1));
+    const nvfp4kv::PagedCache scales =
+        stacked ? nvfp4kv::PagedCache(cache_sf) : nvfp4kv::PagedCache(cache_sf.select(1, 0), cache_sf.select(1, 1));
+    nvfp4kv::nvfp4_quantize_append_paged_kv_cache(
+        kv.select(1, 0), kv.select(1, 1), on_cuda(c.batch_indices), on_cuda(c.positions), data, scales,
+        on_cuda(c.kv_indices), on_cuda(c.kv_indptr), on_cuda(c.kv_last_page_len), c.k_scale, c.v_scale, layout);
     EXPECT_TRUE(at::equal(cache.cpu(), expected.first)) << layout;
     EXPECT_TRUE(at::equal(cache_sf.view(at::kByte).cpu(), expected.second)) << layout;
   }
@@ -333,14 +343,14 @@ TEST(Cuda, TensorScaleSlotMappingAndDequantize) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   Case c = make_case(14, "NHD", at::kBFloat16, at::kInt, false);
   const auto expected = expected_caches(c);
-  const at::Tensor page_iter =
-      c.kv_indptr.to(at::kLong).index_select(0, c.batch_indices.to(at::kLong)) + c.positions.to(at::kLong).div(c.page_size, "floor");
+  const at::Tensor page_iter = c.kv_indptr.to(at::kLong).index_select(0, c.batch_indices.to(at::kLong)) +
+                               c.positions.to(at::kLong).div(c.page_size, "floor");
   const at::Tensor slot_mapping =
       c.kv_indices.to(at::kLong).index_select(0, page_iter) * c.page_size + c.positions.to(at::kLong) % c.page_size;
   at::Tensor cache = on_cuda(c.cache), cache_sf = on_cuda(c.cache_sf);
   nvfp4kv::nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-      on_cuda(c.key), on_cuda(c.value), on_cuda(slot_mapping), cache, cache_sf,
-      on_cuda(at::tensor({float(c.k_scale)})), on_cuda(at::tensor({float(c.v_scale)})));
+      on_cuda(c.key), on_cuda(c.value), on_cuda(slot_mapping), cache, cache_sf, on_cuda(at::tensor({float(c.k_scale)})),
+      on_cuda(at::tensor({float(c.v_scale)})));
   EXPECT_TRUE(at::equal(cache.cpu(), expected.first));
   EXPECT_TRUE(at::equal(cache_sf.view(at::kByte).cpu(), expected.second));
   nvfp4kv::nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(c.key, c.value, slot_mapping, c.cache, c.cache_sf,
@@ -355,10 +365,9 @@ TEST(Cuda, ErrorsAreTheSameOnTheDevice) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   Case c = make_case(15, "NHD", at::kBFloat16, at::kInt, false);
   try {
-    nvfp4kv::nvfp4_quantize_append_paged_kv_cache(on_cuda(c.key), on_cuda(c.value), on_cuda(c.batch_indices),
-                                                  c.positions, on_cuda(c.cache), on_cuda(c.cache_sf),
-                                                  on_cuda(c.kv_indices), on_cuda(c.kv_indptr),
-                                                  on_cuda(c.kv_last_page_len), c.k_scale, c.v_scale);
+    nvfp4kv::nvfp4_quantize_append_paged_kv_cache(
+        on_cuda(c.key), on_cuda(c.value), on_cuda(c.batch_indices), c.positions, on_cuda(c.cache), on_cuda(c.cache_sf),
+        on_cuda(c.kv_indices), on_cuda(c.kv_indptr), on_cuda(c.kv_last_page_len), c.k_scale, c.v_scale);
     ADD_FAILURE() << "no error";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()),

@@ -42,7 +42,8 @@ uint8_t reference_e4m3(float t) {
   if (!(t < 448.0f)) return 0x7E;
   int best = 0;
   for (int b = 1; b <= 0x7E; ++b) {
-    const double d = std::fabs(t - reference_e4m3_value(uint8_t(b))), best_d = std::fabs(t - reference_e4m3_value(uint8_t(best)));
+    const double d = std::fabs(t - reference_e4m3_value(uint8_t(b))),
+                 best_d = std::fabs(t - reference_e4m3_value(uint8_t(best)));
     if (d < best_d || (d == best_d && b % 2 == 0)) best = b;
   }
   return uint8_t(best);
@@ -125,8 +126,8 @@ TEST(E4M3, EveryMidpointRoundsToTheEvenByte) {
 
 TEST(E4M3, SubnormalsAndUnderflow) {
   EXPECT_EQ(e4m3_from_nonnegative(0.0f), 0);
-  EXPECT_EQ(e4m3_from_nonnegative(std::ldexp(1.0f, -11)), 0);   // a quarter of the smallest subnormal
-  EXPECT_EQ(e4m3_from_nonnegative(std::ldexp(1.0f, -10)), 0);   // half of it: tie to even 0
+  EXPECT_EQ(e4m3_from_nonnegative(std::ldexp(1.0f, -11)), 0);  // a quarter of the smallest subnormal
+  EXPECT_EQ(e4m3_from_nonnegative(std::ldexp(1.0f, -10)), 0);  // half of it: tie to even 0
   EXPECT_EQ(e4m3_from_nonnegative(next_up(std::ldexp(1.0f, -10))), 1);
   EXPECT_EQ(e4m3_from_nonnegative(std::ldexp(7.5f, -9)), 0x08);  // tie between 0x07 and 0x08 (even)
   EXPECT_EQ(e4m3_from_nonnegative(std::ldexp(1.0f, -149)), 0);   // smallest fp32 subnormal
@@ -204,8 +205,8 @@ TEST(Block, HandComputedCorners) {
   // The cases of tests/test_edge_cases.py, on the codec alone.
   EXPECT_EQ(quantize({}), std::make_pair(uint8_t(0x00), padded({})));
   EXPECT_EQ(quantize({-0.0f, 0.0f}), std::make_pair(uint8_t(0x00), padded({8, 0})));
-  EXPECT_EQ(quantize({6.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -6.0f, -0.25f, -0.75f, -1.25f, -1.75f,
-                      -2.5f, -3.5f, -5.0f}),
+  EXPECT_EQ(quantize({6.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -6.0f, -0.25f, -0.75f, -1.25f, -1.75f, -2.5f,
+                      -3.5f, -5.0f}),
             std::make_pair(uint8_t(0x38), std::vector<int>{7, 0, 2, 2, 4, 4, 6, 6, 15, 8, 10, 10, 12, 12, 14, 14}));
   EXPECT_EQ(quantize({6.375f}).first, 0x38);        // t = 1.0625: tie, to 0x38 (even)
   EXPECT_EQ(quantize({7.125f}).first, 0x3A);        // t = 1.1875: tie, to 0x3A (even)

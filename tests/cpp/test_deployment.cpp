@@ -21,7 +21,8 @@ constexpr int kCacheInputs[] = {4, 5, 6, 7};  // k_cache, v_cache, k_cache_sf, v
 
 std::string artifact(const std::string& name) {
   const char* folder = std::getenv("NVFP4KV_ARTIFACTS");
-  if (folder == nullptr) throw std::runtime_error("set NVFP4KV_ARTIFACTS to the folder of make_deployment_artifacts.py");
+  if (folder == nullptr)
+    throw std::runtime_error("set NVFP4KV_ARTIFACTS to the folder of make_deployment_artifacts.py");
   return std::string(folder) + "/" + name;
 }
 

@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    cudaError_t e = (call);                                                                 \
-    if (e != cudaSuccess) {                                                                 \
+#define CHECK_CUDA(call)                                                                  \
+  do {                                                                                    \
+    cudaError_t e = (call);                                                               \
+    if (e != cudaSuccess) {                                                               \
       std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(2);                                                                         \
-    }                                                                                       \
+      std::exit(2);                                                                       \
+    }                                                                                     \
   } while (0)

@@ -32,7 +32,6 @@
 
 using namespace nvfp4kv;
 
-
 // SPEC section 2, step 6, as written.
 __host__ __device__ uint8_t spec_e2m1_code(float y, float x) {
   const float m = fabsf(y);
@@ -99,12 +98,12 @@ __device__ uint16_t random_value(uint32_t h, uint32_t block_h) {
   const uint32_t spread = (h >> 20) % 4;
   e = e > spread ? e - spread : 1;
   uint32_t m = mantissa & ((1u << man_bits) - 1);
-  if (kind == 0) return sign;                                           // +-0
-  if (kind == 1) return uint16_t(sign | m);                             // subnormal
+  if (kind == 0) return sign;                                                          // +-0
+  if (kind == 1) return uint16_t(sign | m);                                            // subnormal
   if (kind == 2 && (block_h & 7) == 0) return uint16_t(sign | (max_exp << man_bits));  // +-inf
-  if (kind == 3 && (block_h & 31) == 0) return uint16_t(0x7FFF);        // NaN
-  if (kind == 4) e = e + 6 < max_exp ? e + 6 : max_exp - 1;             // outlier
-  if (kind == 5) e = max_exp - 1;                                       // largest binade
+  if (kind == 3 && (block_h & 31) == 0) return uint16_t(0x7FFF);                       // NaN
+  if (kind == 4) e = e + 6 < max_exp ? e + 6 : max_exp - 1;                            // outlier
+  if (kind == 5) e = max_exp - 1;                                                      // largest binade
   return uint16_t(sign | (e << man_bits) | m);
 }
 
@@ -152,8 +151,8 @@ __global__ void check_blocks(uint32_t seed, unsigned long long* bad, unsigned lo
   if (packed != expected_packed || sf[0] != expected_sf) {
     const unsigned long long n = atomicAdd(bad, 1ull);
     if (n < 4) {
-      printf("block mismatch (%s): s=%a sf %02x vs %02x data %016llx vs %016llx\n", kBF16 ? "bf16" : "fp16", s,
-             sf[0], expected_sf, (unsigned long long)packed, (unsigned long long)expected_packed);
+      printf("block mismatch (%s): s=%a sf %02x vs %02x data %016llx vs %016llx\n", kBF16 ? "bf16" : "fp16", s, sf[0],
+             expected_sf, (unsigned long long)packed, (unsigned long long)expected_packed);
     }
   }
   if (expected_sf == codec::kE4M3NaN) atomicAdd(nan_blocks, 1ull);
@@ -178,8 +177,8 @@ __global__ void check_scale_quotient(uint32_t high, uint32_t six_s_bits, unsigne
 // 6 s values for check_scale_quotient: the ends of the hoisted range, powers of two, all-ones
 // mantissas, 6 x calibrated scales, and pseudo-random values over the whole range.
 uint32_t six_s_sample(uint32_t i) {
-  const float fixed[] = {0x1p-60f, 0x1p60f, 0x1.fffffep-61f, 0x1.000002p60f, 1.0f, 6.0f, 0x1.fffffep0f,
-                         0x1.fffffep-1f, 0x1.800002p3f, 1.0f / 448.0f, 6.0f / 2688.0f, 3.0f / 7.0f};
+  const float fixed[] = {0x1p-60f,      0x1p60f,        0x1.fffffep-61f, 0x1.000002p60f, 1.0f,           6.0f,
+                         0x1.fffffep0f, 0x1.fffffep-1f, 0x1.800002p3f,   1.0f / 448.0f,  6.0f / 2688.0f, 3.0f / 7.0f};
   constexpr uint32_t kFixed = sizeof(fixed) / sizeof(fixed[0]);
   float v;
   if (i < kFixed) {
@@ -199,8 +198,8 @@ uint32_t six_s_sample(uint32_t i) {
 }
 
 // A 16-bit value of a 4-over-6 test block (kind = block_h % 4): check 4's values, Gaussian-like values
-// of one block-wide magnitude 2^e (e in [-60, 60] for bf16, [-20, 12] for fp16), one magnitude with random signs, or multiples
-// -12..12 of a power of two (blocks that both candidates can represent exactly: tied errors).
+// of one block-wide magnitude 2^e (e in [-60, 60] for bf16, [-20, 12] for fp16), one magnitude with random signs, or
+// multiples -12..12 of a power of two (blocks that both candidates can represent exactly: tied errors).
 template <bool kBF16>
 __device__ uint16_t four_over_six_value(uint32_t h, uint32_t block_h) {
   const uint32_t kind = block_h % 4;
@@ -225,8 +224,7 @@ __device__ uint16_t four_over_six_value(uint32_t h, uint32_t block_h) {
 }
 
 template <bool kBF16>
-__global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* bad,
-                                           unsigned long long* close_calls) {
+__global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* bad, unsigned long long* close_calls) {
   const uint32_t id = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t block_h = hash(id * 2654435761u + seed);
   uint16_t values[16];
@@ -262,12 +260,12 @@ __global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* ba
       sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, true, true>(w, s, 6.0f * s, 4.0f * s, inverse6,
                                                                                  inverse4, reciprocal, scaled, data);
     } else {
-      sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(w, s, 6.0f * s, 4.0f * s, inverse6,
-                                                                           inverse4, reciprocal, scaled, data);
+      sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, true>(w, s, 6.0f * s, 4.0f * s, inverse6, inverse4,
+                                                                           reciprocal, scaled, data);
     }
   } else {
-    sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(w, s, 6.0f * s, 4.0f * s, 0.0f, 0.0f,
-                                                                          nullptr, nullptr, data);
+    sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(w, s, 6.0f * s, 4.0f * s, 0.0f, 0.0f, nullptr,
+                                                                          nullptr, data);
   }
   uint64_t expected_packed;
   const uint8_t expected_sf = codec::quantize_block_four_over_six(x, s, expected_packed);
@@ -348,12 +346,16 @@ int main(int argc, char** argv) {
   std::printf("scale_value vs codec::e4m3_to_float, bytes 0..0x7E: %llu mismatches\n", bad[2]);
   std::printf("quantize_blocks vs codec::quantize_block, %d random blocks (%llu + %llu with NaN): %llu mismatches\n",
               16 * 2 * 4096 * 256, aux[0], aux[1], bad[3]);
-  std::printf("scale byte of the hoisted-reciprocal quotient vs __fdiv_rn, all fp32 in [0, +inf], %u scales: "
-              "%llu mismatches\n", kQuotientScales, aux[2]);
-  std::printf("quantize_block_four_over_six_fast vs codec::quantize_block_four_over_six, %d random blocks "
-              "(%llu close calls): %llu mismatches\n", 16 * 2 * 4096 * 256, close_host, aux[3]);
-  const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0 && aux[2] == 0 && aux[3] == 0 &&
-                  close_host > 0;
+  std::printf(
+      "scale byte of the hoisted-reciprocal quotient vs __fdiv_rn, all fp32 in [0, +inf], %u scales: "
+      "%llu mismatches\n",
+      kQuotientScales, aux[2]);
+  std::printf(
+      "quantize_block_four_over_six_fast vs codec::quantize_block_four_over_six, %d random blocks "
+      "(%llu close calls): %llu mismatches\n",
+      16 * 2 * 4096 * 256, close_host, aux[3]);
+  const bool ok =
+      bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0 && aux[2] == 0 && aux[3] == 0 && close_host > 0;
   std::printf(ok ? "codec_check: PASS\n" : "codec_check: FAIL\n");
   return ok ? 0 : 1;
 }

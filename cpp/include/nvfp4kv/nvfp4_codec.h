@@ -24,10 +24,10 @@
 namespace nvfp4kv {
 namespace codec {
 
-constexpr int kBlockSize = 16;          // values per block scale
-constexpr int kBlockBytes = 8;          // packed data bytes per block
-constexpr uint8_t kE4M3Max = 0x7E;      // 448.0, the largest finite float8_e4m3fn
-constexpr uint8_t kE4M3NaN = 0x7F;      // scale byte of a block holding a NaN (SPEC step 1)
+constexpr int kBlockSize = 16;      // values per block scale
+constexpr int kBlockBytes = 8;      // packed data bytes per block
+constexpr uint8_t kE4M3Max = 0x7E;  // 448.0, the largest finite float8_e4m3fn
+constexpr uint8_t kE4M3NaN = 0x7F;  // scale byte of a block holding a NaN (SPEC step 1)
 constexpr float kE4M3MaxValue = 448.0f;
 constexpr float kE2M1MaxValue = 6.0f;
 
@@ -79,7 +79,7 @@ NVFP4KV_HOST_DEVICE uint8_t e4m3_from_nonnegative(float t) {
     // t * 512 is exact; round it to the nearest even integer with integer arithmetic on its bits.
     const float scaled = t * 512.0f;  // < 8, exact
     const uint32_t s = float_bits(scaled);
-    if (s < 0x3F000000u) return 0;  // scaled < 0.5 rounds to 0 (and 0.5 rounds to even 0)
+    if (s < 0x3F000000u) return 0;            // scaled < 0.5 rounds to 0 (and 0.5 rounds to even 0)
     const int exponent = int(s >> 23) - 127;  // -1 .. 2
     const uint32_t significand = (s & 0x7FFFFFu) | 0x800000u;
     const int shift = 23 - exponent;  // bits below the integer point
@@ -128,16 +128,17 @@ NVFP4KV_HOST_DEVICE float min_float(float a, float b) {
 constexpr uint32_t kCodeFloatZeroBits = 0x4A800000u;  // bits of 2^22
 
 // E2M1 magnitude code (SPEC step 6: nearest, ties to even, saturating) of u in [0, 6], as a code
-// float (u in (6, 7) also gives code 7, so callers may skip the clamp when u < 7 is known). Adding a constant of spacing g rounds to the grid of step g with ties to even in ONE IEEE
-// addition, so with c0 = RNE(2u), c1 = RNE(u), c2 = RNE(u/2) (the E2M1 grids of [0,2), [2,4), [4,8)):
+// float (u in (6, 7) also gives code 7, so callers may skip the clamp when u < 7 is known). Adding a constant of
+// spacing g rounds to the grid of step g with ties to even in ONE IEEE addition, so with c0 = RNE(2u), c1 = RNE(u), c2
+// = RNE(u/2) (the E2M1 grids of [0,2), [2,4), [4,8)):
 //   a = 2^22 + c0/2,  b = 2^22 + (2 + c1)/2,  c = 2^22 + (4 + c2)/2      (even offsets keep ties even)
 // and the code is min(c0, 2 + c1, 4 + c2): each candidate is the code on its own binade and no smaller
 // than it elsewhere. Three FP additions and two minima instead of branches and integer rounding;
 // equal to the direct definition for every fp32 u (checked exhaustively, tests/gpu/codec_check.cu).
 NVFP4KV_HOST_DEVICE float e2m1_code_float(float u) {
-  const float a = u + 4194304.0f;                             // u * 1 exact
-  const float b = add_exact_product(u, 0.5f, 4194305.0f);    // 2^22 + 1 + RNE(u)/2
-  const float c = add_exact_product(u, 0.25f, 4194306.0f);   // 2^22 + 2 + RNE(u/2)/2
+  const float a = u + 4194304.0f;                           // u * 1 exact
+  const float b = add_exact_product(u, 0.5f, 4194305.0f);   // 2^22 + 1 + RNE(u)/2
+  const float c = add_exact_product(u, 0.25f, 4194306.0f);  // 2^22 + 2 + RNE(u/2)/2
   return min_float(a, min_float(b, c));
 }
 
@@ -183,7 +184,7 @@ NVFP4KV_HOST_DEVICE BlockScale block_scale(float absmax, float global_scale, flo
 NVFP4KV_HOST_DEVICE bool block_has_nan(const float (&x)[kBlockSize], float& absmax) {
   bool has_nan = false;
   absmax = 0.0f;
-NVFP4KV_UNROLL
+  NVFP4KV_UNROLL
   for (int j = 0; j < kBlockSize; ++j) {
     has_nan |= is_nan(x[j]);
     const float magnitude = bits_float(float_bits(x[j]) & 0x7FFFFFFFu);
@@ -196,15 +197,14 @@ NVFP4KV_UNROLL
 // = even element).
 NVFP4KV_HOST_DEVICE uint64_t encode_block(const float (&x)[kBlockSize], float reciprocal) {
   uint64_t packed = 0;
-NVFP4KV_UNROLL
+  NVFP4KV_UNROLL
   for (int j = 0; j < kBlockSize; ++j) packed |= uint64_t(e2m1_code(x[j] * reciprocal, x[j])) << (4 * j);
   return packed;
 }
 
 // Quantize one block of 16 fp32 values (SPEC section 2). Writes the 8 data bytes as one
 // little-endian uint64 and returns the scale byte.
-NVFP4KV_HOST_DEVICE uint8_t quantize_block(const float (&x)[kBlockSize], float global_scale,
-                                           uint64_t& packed) {
+NVFP4KV_HOST_DEVICE uint8_t quantize_block(const float (&x)[kBlockSize], float global_scale, uint64_t& packed) {
   float absmax;
   if (block_has_nan(x, absmax)) {
     packed = 0;

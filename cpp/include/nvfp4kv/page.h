@@ -4,8 +4,8 @@
 // (schemas in cpp/src/registration.cpp), so C++ and Python run the same CPU and CUDA kernels and
 // raise the same errors: a bad argument throws std::invalid_argument (ValueError in Python) with the
 // same message, e.g. "nvfp4kv.append_paged_kv_cache: kv_cache_sf[1] must have dtype float8_e4m3fn,
-// got uint8", before anything is written. Link the CMake target nvfp4kv::nvfp4kv: it keeps libnvfp4kv.so on the link line even
-// with --as-needed, so the ops are registered when the program starts.
+// got uint8", before anything is written. Link the CMake target nvfp4kv::nvfp4kv: it keeps libnvfp4kv.so on the link
+// line even with --as-needed, so the ops are registered when the program starts.
 //
 //   #include <nvfp4kv/page.h>
 //   nvfp4kv::nvfp4_quantize_append_paged_kv_cache(key, value, batch_indices, positions,
@@ -40,12 +40,11 @@ struct PagedCache {
   std::optional<at::Tensor> second;  // V of a pair; empty for a stacked tensor
 };
 
-
 // A global decode scale as the Python API takes it: a float (validated on the host) or a one-element
 // float32 tensor on the inputs' device, read by the kernel (no synchronisation, so a captured CUDA
 // graph sees values written into it later).
 struct GlobalScale {
-  GlobalScale(double value) : value(value) {}  // NOLINT: implicit by design
+  GlobalScale(double value) : value(value) {}                                // NOLINT: implicit by design
   GlobalScale(at::Tensor tensor) : value(1.0), tensor(std::move(tensor)) {}  // NOLINT
 
   double value;                      // the op's float argument (1.0, unused, for a tensor scale)
@@ -61,12 +60,14 @@ struct GlobalScale {
 //   kv_indices, kv_indptr, kv_last_page_len: the page table, already covering the new rows
 //   k_scale, v_scale: global decode scales (value = e2m1 * block_scale * global_scale)
 //   v_sf_layout: "linear" or "trtllm" (V scales 4-token interleaved); scale_search: "none" or "4over6"
-inline void nvfp4_quantize_append_paged_kv_cache(
-    const at::Tensor& append_key, const at::Tensor& append_value, const at::Tensor& batch_indices,
-    const at::Tensor& positions, const PagedCache& paged_kv_cache, const PagedCache& kv_cache_sf,
-    const at::Tensor& kv_indices, const at::Tensor& kv_indptr, const at::Tensor& kv_last_page_len,
-    const GlobalScale& k_scale, const GlobalScale& v_scale, std::string_view kv_layout = "NHD",
-    std::string_view v_sf_layout = "linear", std::string_view scale_search = "none") {
+inline void nvfp4_quantize_append_paged_kv_cache(const at::Tensor& append_key, const at::Tensor& append_value,
+                                                 const at::Tensor& batch_indices, const at::Tensor& positions,
+                                                 const PagedCache& paged_kv_cache, const PagedCache& kv_cache_sf,
+                                                 const at::Tensor& kv_indices, const at::Tensor& kv_indptr,
+                                                 const at::Tensor& kv_last_page_len, const GlobalScale& k_scale,
+                                                 const GlobalScale& v_scale, std::string_view kv_layout = "NHD",
+                                                 std::string_view v_sf_layout = "linear",
+                                                 std::string_view scale_search = "none") {
   static const c10::OperatorHandle op = detail::find_op("nvfp4kv::append_paged_kv_cache");
   detail::call(op, {{"append_key", append_key},
                     {"append_value", append_value},
@@ -115,8 +116,7 @@ inline void nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
 }
 
 // Sequence length of each request: full pages times page_size plus the last page's entries.
-inline at::Tensor get_seq_lens(const at::Tensor& kv_indptr, const at::Tensor& kv_last_page_len,
-                               int64_t page_size) {
+inline at::Tensor get_seq_lens(const at::Tensor& kv_indptr, const at::Tensor& kv_last_page_len, int64_t page_size) {
   const at::Tensor pages = kv_indptr.slice(0, 1) - kv_indptr.slice(0, 0, -1);
   return at::clamp_min(pages - 1, 0) * page_size + kv_last_page_len;
 }
@@ -133,8 +133,8 @@ inline std::tuple<at::Tensor, at::Tensor> get_batch_indices_positions(const at::
   const at::Tensor batch_indices = at::repeat_interleave(batch, counts, /*dim=*/0, /*output_size=*/nnz);
   const at::Tensor rows = at::arange(nnz, options.dtype(at::kLong));
   const at::Tensor first_position = seq_lens.to(counts.scalar_type()) - counts;
-  const at::Tensor positions =
-      first_position.index_select(0, batch_indices) + rows - append_indptr.slice(0, 0, -1).index_select(0, batch_indices);
+  const at::Tensor positions = first_position.index_select(0, batch_indices) + rows -
+                               append_indptr.slice(0, 0, -1).index_select(0, batch_indices);
   return {batch_indices.to(at::kInt), positions.to(at::kInt)};
 }
 

@@ -20,7 +20,8 @@ void quantize_head_row(const AppendParams& p, const uint16_t* src, float global_
       x[j] = p.input_is_bf16 ? codec::bf16_bits_to_float(bits) : codec::fp16_bits_to_float(bits);
     }
     uint64_t packed;
-    *scale_address(scales, trtllm_scales, page, entry, head, block, blocks) = quantize_block_with_recipe(p, x, global_scale, packed);
+    *scale_address(scales, trtllm_scales, page, entry, head, block, blocks) =
+        quantize_block_with_recipe(p, x, global_scale, packed);
     for (int k = 0; k < codec::kBlockBytes; ++k) data[block * codec::kBlockBytes + k] = uint8_t(packed >> (8 * k));
   }
 }

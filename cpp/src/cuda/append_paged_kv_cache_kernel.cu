@@ -198,11 +198,10 @@ __device__ __forceinline__ Quantized<2 * kBlocks> quantize_item_staged(
   q.v_scale = global_scale(p, true);
   // Global scales the loop does not handle (s >= 2^120, or a quotient that divides: 6 s or 4 s outside
   // [2^-60, 2^60]) take the unrolled code, which handles every case.
-  if (!block_quantizer::four_over_six_fast_scale(q.k_scale) ||
-      !block_quantizer::four_over_six_fast_scale(q.v_scale) || inverses[0] == 0.0f || inverses[1] == 0.0f ||
-      inverses[2] == 0.0f || inverses[3] == 0.0f) {
+  if (!block_quantizer::four_over_six_fast_scale(q.k_scale) || !block_quantizer::four_over_six_fast_scale(q.v_scale) ||
+      inverses[0] == 0.0f || inverses[1] == 0.0f || inverses[2] == 0.0f || inverses[3] == 0.0f) {
     return quantize_item<kBF16, kBlocks, false, true, true>({q.k_scale, q.v_scale}, it, w, reciprocal, inverses,
-                                                             scaled);
+                                                            scaled);
   }
   const uint32_t t = threadIdx.x;
 #pragma unroll
@@ -265,8 +264,8 @@ __device__ __forceinline__ void store_item(const AppendParams& p, const LaunchAr
   }
   if constexpr (!kSplit) {
     if (usable_global_scale(q.v_scale)) {
-      store_tensor<kBlocks, kVector>(q.data + kBlocks, q.sf + kBlocks, p.v_data, p.v_scales, p.v_scales_trtllm,
-                                     target, dst.value, it.head, it.column, a);
+      store_tensor<kBlocks, kVector>(q.data + kBlocks, q.sf + kBlocks, p.v_data, p.v_scales, p.v_scales_trtllm, target,
+                                     dst.value, it.head, it.column, a);
     }
   }
 }
@@ -306,7 +305,9 @@ template <bool kBF16, bool kVector, int kBlocks, bool kSplit, typename Index, bo
 // 64 registers (4 CTAs of kThreads per SM) but for 4-over-6 (split mode: 128) and the scalar kernel: a
 // large decode call (split mode) must fit one wave (docs/PERFORMANCE.md v10: 72 registers cost nnz 1024 a
 // second wave, +1.2 us).
-__global__ void __launch_bounds__(kThreads, !kVector ? 1 : kFourOverSix ? (kSplit ? 2 : 1) : 4)
+__global__ void __launch_bounds__(kThreads, !kVector       ? 1
+                                            : kFourOverSix ? (kSplit ? 2 : 1)
+                                                           : 4)
     append_paged_kv_cache_kernel(const __grid_constant__ AppendParams p, const __grid_constant__ LaunchArgs a) {
   constexpr bool kTables = !kSplit;
   __shared__ float reciprocal[kTables ? 2 : 1][block_quantizer::kReciprocalTableSize];
@@ -364,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, !kVector ? 1 : kFourOverSix ? (kSpli
     split_inverse = block_quantizer::division_inverse(codec::kE2M1MaxValue * g.first);  // a device scale
   }
   const auto q = quantize_item<kBF16, kBlocks, kSplit, kFourOverSix, kTables>(g, it, w, reciprocal, inverses, scaled,
-                                                                               split_inverse);
+                                                                              split_inverse);
   store_item<kVector, kBlocks, kSplit>(p, a, it, q, target, dst);
 }
 
@@ -417,8 +418,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
   Quantized<2 * kBlocks> q;
   if constexpr (kFourOverSix) {
     if (active) {
-      q = quantize_item_staged<kBF16, kBlocks>(p, it, w, reciprocal, inverses, scaled, staged, staged_data,
-                                               staged_sf);
+      q = quantize_item_staged<kBF16, kBlocks>(p, it, w, reciprocal, inverses, scaled, staged, staged_data, staged_sf);
     }
   } else if (active) {
     q = quantize_item<kBF16, kBlocks, false, false, true>(item_scales<false>(p, it), it, w, reciprocal, inverses,
@@ -514,9 +514,9 @@ template <bool kBF16>
 void launch_index(const AppendParams& p, const LaunchArgs& a, const Plan& plan, cudaStream_t stream) {
   // One load per index element when every index tensor the call reads has the same dtype.
   const bool slot_mapping = p.slot_mapping.data != nullptr;
-  const bool all64 = slot_mapping ? p.slot_mapping.is_int64
-                                  : p.batch_indices.is_int64 && p.positions.is_int64 && p.kv_indptr.is_int64 &&
-                                        p.kv_indices.is_int64;
+  const bool all64 =
+      slot_mapping ? p.slot_mapping.is_int64
+                   : p.batch_indices.is_int64 && p.positions.is_int64 && p.kv_indptr.is_int64 && p.kv_indices.is_int64;
   const bool all32 = slot_mapping ? !p.slot_mapping.is_int64
                                   : !p.batch_indices.is_int64 && !p.positions.is_int64 && !p.kv_indptr.is_int64 &&
                                         !p.kv_indices.is_int64;
@@ -537,13 +537,13 @@ int launch_append_paged_kv_cache(const AppendParams& p, void* stream, const char
   const int64_t blocks_per_row = p.head_dim / codec::kBlockSize;
   const int64_t total_blocks = p.nnz * p.num_heads * blocks_per_row;
   // 16-byte input loads and 8-byte packed stores need every base pointer and stride to allow them.
-  const bool vector = rows_aligned(p.key, 16) && rows_aligned(p.value, 16) && cache_aligned(p.k_data, 8) &&
-                      cache_aligned(p.v_data, 8);
+  const bool vector =
+      rows_aligned(p.key, 16) && rows_aligned(p.value, 16) && cache_aligned(p.k_data, 8) && cache_aligned(p.v_data, 8);
   Plan plan{Mode::kScalar, 1};
   if (vector) {
     const int forced = kernel_mode::forced();
-    const bool split = forced == kernel_mode::kForceSplit ||
-                       (forced == kernel_mode::kAuto && total_blocks <= kSplitModeMaxBlocks);
+    const bool split =
+        forced == kernel_mode::kForceSplit || (forced == kernel_mode::kAuto && total_blocks <= kSplitModeMaxBlocks);
     plan = split ? Plan{Mode::kSplit, 1} : Plan{Mode::kPair, blocks_per_row % 2 == 0 ? 2 : 1};
   }
   const int64_t groups = blocks_per_row / plan.blocks;

@@ -45,17 +45,16 @@ struct TensorDestination {
 };
 
 template <bool kPageKnown>
-__device__ __forceinline__ TensorDestination tensor_destination(const CacheView& data_view,
-                                                                const CacheView& scale_view, const Target& t,
-                                                                uint32_t head, uint32_t column) {
+__device__ __forceinline__ TensorDestination tensor_destination(const CacheView& data_view, const CacheView& scale_view,
+                                                                const Target& t, uint32_t head, uint32_t column) {
   const int64_t page = kPageKnown ? t.page : 0;
   return {data_view.at(page, t.entry, head) + column / 2, kPageKnown ? 0 : data_view.page_stride,
           scale_view.at(page, t.entry, head) + column / codec::kBlockSize, kPageKnown ? 0 : scale_view.page_stride};
 }
 
 // The entry's term of a destination built for entry 0.
-__device__ __forceinline__ void add_entry(TensorDestination& d, const CacheView& data_view,
-                                          const CacheView& scale_view, int64_t entry) {
+__device__ __forceinline__ void add_entry(TensorDestination& d, const CacheView& data_view, const CacheView& scale_view,
+                                          int64_t entry) {
   d.data += entry * data_view.entry_stride;
   d.scales += entry * scale_view.entry_stride;
 }

@@ -46,8 +46,8 @@ __device__ __forceinline__ uint32_t max_abs2(uint32_t x, uint32_t y) {
                                          __habs2(*reinterpret_cast<const __nv_bfloat162*>(&y)));
     d = *reinterpret_cast<const uint32_t*>(&r);
   } else {
-    const __half2 r = __hmax2_nan(__habs2(*reinterpret_cast<const __half2*>(&x)),
-                                  __habs2(*reinterpret_cast<const __half2*>(&y)));
+    const __half2 r =
+        __hmax2_nan(__habs2(*reinterpret_cast<const __half2*>(&x)), __habs2(*reinterpret_cast<const __half2*>(&y)));
     d = *reinterpret_cast<const uint32_t*>(&r);
   }
 #endif

@@ -38,7 +38,8 @@ void check_cuda_launch(int error_code, const char* error_string, const char* op)
   if (error_code == 0) return;
   std::string message = std::string("nvfp4kv.") + op + ": CUDA kernel launch failed: " + error_string;
   if (error_code == 209 /* cudaErrorNoKernelImageForDevice */) {
-    message += " (this build has code for the CUDA architectures " NVFP4KV_CUDA_ARCHITECTURES "; rebuild with "
+    message += " (this build has code for the CUDA architectures " NVFP4KV_CUDA_ARCHITECTURES
+               "; rebuild with "
                "-C cmake.define.NVFP4KV_CUDA_ARCHITECTURES including this GPU)";
   }
   throw std::runtime_error(message);

@@ -15,7 +15,7 @@ namespace block_quantizer {
 // estimates whenever those provably agree (encode8_four_over_six). s >= 2^120 (s_up = inf) falls back
 // to the codec's own code.
 constexpr int kSfShift = 8;
-constexpr float kSfUp = 256.0f;                     // 2^kSfShift
+constexpr float kSfUp = 256.0f;              // 2^kSfShift
 constexpr float kSfScaledFactor = 0x1p118f;  // 2^(126 - kSfShift)
 
 // m of a scale byte (NaN for 0x7F, whose block is discarded).

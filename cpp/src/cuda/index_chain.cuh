@@ -154,8 +154,8 @@ __device__ __forceinline__ Target start_target(const AppendParams& p, const Laun
          slot < p.kv_indices.size;
   // kLoadFirst: a slot outside [0, size) (negative ones compare as huge) reads the last element.
   const uint64_t last_slot = uint64_t(p.kv_indices.size - 1);
-  t.page = read_index<Index>(p.kv_indices, kLoadFirst ? int64_t(uint64_t(slot) > last_slot ? last_slot : slot)
-                                                      : (t.ok ? slot : 0));
+  t.page = read_index<Index>(p.kv_indices,
+                             kLoadFirst ? int64_t(uint64_t(slot) > last_slot ? last_slot : slot) : (t.ok ? slot : 0));
   t.entry = position - int64_t(page_offset) * p.page_size;
   return t;
 }

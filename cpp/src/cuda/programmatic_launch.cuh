@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 
-
 namespace nvfp4kv {
 namespace programmatic_launch {
 

@@ -36,10 +36,14 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--max-sets", type=int, default=4096, help="most input sets per case")
     parser.add_argument("--graph-launches", type=int, default=1024, help="decode launches per CUDA graph")
     parser.add_argument("--no-baseline", action="store_true", help="skip the pure-PyTorch baseline")
-    parser.add_argument("--only", default="",
-                        help="run the cases whose name contains one of these comma-separated texts")
-    parser.add_argument("--accuracy", action="store_true",
-                        help="also write the accuracy report of plain vs 4-over-6 scales (accuracy.json/png)")
+    parser.add_argument(
+        "--only", default="", help="run the cases whose name contains one of these comma-separated texts"
+    )
+    parser.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="also write the accuracy report of plain vs 4-over-6 scales (accuracy.json/png)",
+    )
     return parser.parse_args(argv)
 
 
@@ -105,8 +109,7 @@ def run_case(case: Case, l2_bytes: int, ceiling: float, flusher: L2Flusher, args
         result.same_size_copy = same_size_copy(case.bytes_moved, l2_bytes, ceiling, args.samples)
     if not args.no_baseline and case.baseline:
         base_calls = 1 if case.nnz >= 4096 else 4
-        times = time_samples(sets.torch_baseline, max(5, args.samples // 4), base_calls, warmup=2,
-                             before_sample=flush)
+        times = time_samples(sets.torch_baseline, max(5, args.samples // 4), base_calls, warmup=2, before_sample=flush)
         result.torch_baseline = rate(Stats.of(times), case.bytes_moved, ceiling)
     bar.update(1)
     del sets
@@ -119,6 +122,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     tqdm = progress_bar_class()
     if args.accuracy:
         from nvfp4kv import accuracy
+
         print(accuracy.write_report(args.out, "cuda" if torch.cuda.is_available() else "cpu"))
     if not torch.cuda.is_available() or not nvfp4kv.library.has_cuda_kernels():
         print("nvfp4kv.bench needs a CUDA GPU and a build with the CUDA kernels", file=sys.stderr)
@@ -129,10 +133,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     wanted = [text for text in args.only.split(",") if text] or [""]
     cases = [c for c in benchmark_cases() if any(text in c.name for text in wanted)]
     bar = tqdm(total=2 + 3 * len(cases), desc="nvfp4kv.bench", file=sys.stderr)
-    report = {"device": {"name": props.name, "sms": props.multi_processor_count, "l2_mib": l2_bytes / 2**20,
-                         "torch": torch.__version__, "cuda": torch.version.cuda},
-              "method": "CUDA events, median of samples after warm-up; inputs rotated over > 4x L2 or L2 "
-                        "flushed before each sample; GB/s = (bf16 K+V read + packed + scales written) / time"}
+    report = {
+        "device": {
+            "name": props.name,
+            "sms": props.multi_processor_count,
+            "l2_mib": l2_bytes / 2**20,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "method": "CUDA events, median of samples after warm-up; inputs rotated over > 4x L2 or L2 "
+        "flushed before each sample; GB/s = (bf16 K+V read + packed + scales written) / time",
+    }
     report["copy_ceiling"] = copy_ceiling(args.copy_gib, args.samples)
     bar.update(1)
     report["launch_floor"] = empty_kernel_floor(1000, args.samples)
@@ -150,8 +161,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     write_json(report, args.out / "bench.json")
     drew = chart(report, args.out / "bench.png")
     print(table(report))
-    print(f"\nwrote {args.out / 'bench.json'}" + (f" and {args.out / 'bench.png'}" if drew else
-                                                 " (install matplotlib for bench.png)"))
+    print(
+        f"\nwrote {args.out / 'bench.json'}"
+        + (f" and {args.out / 'bench.png'}" if drew else " (install matplotlib for bench.png)")
+    )
     return 0
 
 

@@ -57,32 +57,50 @@ class Case:
 def benchmark_cases() -> List[Case]:
     # The base cases, charted: decode (one token per request) and prefill (requests of 1024 tokens).
     charted = dict(in_chart=True)
-    cases = [Case(f"decode nnz={n}", "decode", n, 128, "NHD", 1, chart_baseline=True, **charted)
-             for n in (1, 8, 64, 256, 1024)]
+    cases = [
+        Case(f"decode nnz={n}", "decode", n, 128, "NHD", 1, chart_baseline=True, **charted)
+        for n in (1, 8, 64, 256, 1024)
+    ]
     for layout in ("NHD", "HND"):
-        cases += [Case(f"prefill nnz={n} D=128 {layout}", "prefill", n, 128, layout, 1024,
-                       chart_baseline=layout == "NHD", **charted)
-                  for n in (4096, 16384, 65536)]
+        cases += [
+            Case(
+                f"prefill nnz={n} D=128 {layout}",
+                "prefill",
+                n,
+                128,
+                layout,
+                1024,
+                chart_baseline=layout == "NHD",
+                **charted,
+            )
+            for n in (4096, 16384, 65536)
+        ]
     cases += [Case(f"prefill nnz=16384 D={d} NHD", "prefill", 16384, d, "NHD", 1024, **charted) for d in (64, 256)]
     # The slot-mapping variant (same targets as the page-table op).
-    cases += [Case(f"slots decode nnz={n}", "decode", n, 128, "NHD", 1, "slot_mapping", baseline=False)
-              for n in (1, 64, 1024)]
-    cases += [Case(f"slots prefill nnz={n} D=128 NHD", "prefill", n, 128, "NHD", 1024, "slot_mapping",
-                   baseline=False)
-              for n in (16384, 65536)]
+    cases += [
+        Case(f"slots decode nnz={n}", "decode", n, 128, "NHD", 1, "slot_mapping", baseline=False) for n in (1, 64, 1024)
+    ]
+    cases += [
+        Case(f"slots prefill nnz={n} D=128 NHD", "prefill", n, 128, "NHD", 1024, "slot_mapping", baseline=False)
+        for n in (16384, 65536)
+    ]
     # The optional formats: trtllm V scales (within 5% of linear), 4-over-6 (>= 80% of the ceiling).
     extra = dict(baseline=False)
-    cases += [Case("linear decode nnz=64 HND", "decode", 64, 128, "HND", 1, **extra),
-              Case("trtllm decode nnz=64 HND", "decode", 64, 128, "HND", 1, v_sf_layout="trtllm", **extra),
-              Case("trtllm prefill nnz=65536 D=128 HND", "prefill", 65536, 128, "HND", 1024, v_sf_layout="trtllm",
-                   **extra),
-              Case("4over6 prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, scale_search="4over6",
-                   **extra)]
+    cases += [
+        Case("linear decode nnz=64 HND", "decode", 64, 128, "HND", 1, **extra),
+        Case("trtllm decode nnz=64 HND", "decode", 64, 128, "HND", 1, v_sf_layout="trtllm", **extra),
+        Case("trtllm prefill nnz=65536 D=128 HND", "prefill", 65536, 128, "HND", 1024, v_sf_layout="trtllm", **extra),
+        Case("4over6 prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, scale_search="4over6", **extra),
+    ]
     # Per-layer scales kept on the device (serving engines): read by the kernel, no host value.
-    cases += [Case(f"device-scale decode nnz={n}", "decode", n, 128, "NHD", 1, device_scales=True, **extra)
-              for n in (1, 64)]
-    cases += [Case("device-scale prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024,
-                   device_scales=True, **extra)]
+    cases += [
+        Case(f"device-scale decode nnz={n}", "decode", n, 128, "NHD", 1, device_scales=True, **extra) for n in (1, 64)
+    ]
+    cases += [
+        Case(
+            "device-scale prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, device_scales=True, **extra
+        )
+    ]
     # One KV head per GPU (a tensor-parallel shard of a GQA model): fewer than 9 threads per row, so the
     # one-item kernel in its "oneshot" mode instead of the pair kernel.
     cases += [Case("1-head prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, heads=1, **extra)]
@@ -102,8 +120,9 @@ class InputSets:
         inner = [PAGE_SIZE, case.heads] if case.layout == "NHD" else [case.heads, PAGE_SIZE]
         self.k_cache = torch.zeros(total_pages, *inner, case.head_dim // 2, dtype=torch.uint8, device="cuda")
         self.v_cache = torch.zeros_like(self.k_cache)
-        self.k_sf = torch.zeros(total_pages, *inner, case.head_dim // 16, dtype=torch.uint8,
-                                device="cuda").view(torch.float8_e4m3fn)
+        self.k_sf = torch.zeros(total_pages, *inner, case.head_dim // 16, dtype=torch.uint8, device="cuda").view(
+            torch.float8_e4m3fn
+        )
         self.v_sf = torch.zeros_like(self.k_sf)
         self.layout = case.layout
         self.case = case
@@ -125,10 +144,20 @@ class InputSets:
                 batch = torch.arange(requests, device="cuda").repeat_interleave(case.tokens_per_request)
             as32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
             pages = page_ids[indptr[batch] + positions // PAGE_SIZE]
-            self.sets.append(dict(key=key, value=value, batch_indices=as32(batch), positions=as32(positions),
-                                  slot_mapping=as32(pages * PAGE_SIZE + positions % PAGE_SIZE),
-                                  kv_indices=as32(page_ids), kv_indptr=as32(indptr), kv_last_page_len=as32(last),
-                                  k_scale=self._scale(key, case), v_scale=self._scale(value, case)))
+            self.sets.append(
+                dict(
+                    key=key,
+                    value=value,
+                    batch_indices=as32(batch),
+                    positions=as32(positions),
+                    slot_mapping=as32(pages * PAGE_SIZE + positions % PAGE_SIZE),
+                    kv_indices=as32(page_ids),
+                    kv_indptr=as32(indptr),
+                    kv_last_page_len=as32(last),
+                    k_scale=self._scale(key, case),
+                    v_scale=self._scale(value, case),
+                )
+            )
 
     @staticmethod
     def _scale(x: torch.Tensor, case: Case):
@@ -143,13 +172,32 @@ class InputSets:
         options = dict(v_sf_layout=self.case.v_sf_layout, scale_search=self.case.scale_search)
         if self.case.variant == "slot_mapping":
             nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
-                s["key"], s["value"], s["slot_mapping"], (self.k_cache, self.v_cache), (self.k_sf, self.v_sf),
-                s["k_scale"], s["v_scale"], self.layout, **options)
+                s["key"],
+                s["value"],
+                s["slot_mapping"],
+                (self.k_cache, self.v_cache),
+                (self.k_sf, self.v_sf),
+                s["k_scale"],
+                s["v_scale"],
+                self.layout,
+                **options,
+            )
             return
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
-            s["key"], s["value"], s["batch_indices"], s["positions"], (self.k_cache, self.v_cache),
-            (self.k_sf, self.v_sf), s["kv_indices"], s["kv_indptr"], s["kv_last_page_len"], s["k_scale"],
-            s["v_scale"], self.layout, **options)
+            s["key"],
+            s["value"],
+            s["batch_indices"],
+            s["positions"],
+            (self.k_cache, self.v_cache),
+            (self.k_sf, self.v_sf),
+            s["kv_indices"],
+            s["kv_indptr"],
+            s["kv_last_page_len"],
+            s["k_scale"],
+            s["v_scale"],
+            self.layout,
+            **options,
+        )
 
     def torch_baseline(self, i: int) -> None:
         """What a user without this library would write: quantize with tensor ops (the reference's
@@ -158,8 +206,10 @@ class InputSets:
         slot = s["kv_indptr"].long()[s["batch_indices"].long()] + s["positions"].long() // PAGE_SIZE
         page = s["kv_indices"].long()[slot]
         entry = s["positions"].long() % PAGE_SIZE
-        for x, cache, sf, scale in ((s["key"], self.k_cache, self.k_sf, s["k_scale"]),
-                                    (s["value"], self.v_cache, self.v_sf, s["v_scale"])):
+        for x, cache, sf, scale in (
+            (s["key"], self.k_cache, self.k_sf, s["k_scale"]),
+            (s["value"], self.v_cache, self.v_sf, s["v_scale"]),
+        ):
             packed, scales = reference.quantize(x, scale)
             if self.layout == "NHD":
                 cache[page, entry] = packed

@@ -13,6 +13,7 @@ from .cases import HEADS, Case
 @dataclass
 class CaseResult:
     """One row of report["cases"]."""
+
     name: str
     kind: str
     nnz: int
@@ -23,7 +24,7 @@ class CaseResult:
     rotated_bytes: int
     l2_flushed: bool
     kernel: Dict[str, float] = field(default_factory=dict)  # per launch inside a CUDA graph (the kernel)
-    eager: Dict[str, float] = field(default_factory=dict)   # per call, back-to-back eager calls
+    eager: Dict[str, float] = field(default_factory=dict)  # per call, back-to-back eager calls
     torch_baseline: Dict[str, float] = field(default_factory=dict)
     same_size_copy: Dict[str, float] = field(default_factory=dict)  # prefill: a copy of the same bytes
     # The rest of the case: what the chart groups by, and what the JSON's readers need to tell cases apart.
@@ -49,16 +50,18 @@ def write_json(report: dict, path: Path) -> None:
 
 def table(report: dict) -> str:
     device, ceiling = report["device"], report["copy_ceiling"]
-    lines = [f"device: {device['name']}, {device['sms']} SMs, L2 {device['l2_mib']:.0f} MiB",
-             f"copy ceiling: {ceiling['gb_per_s']:.0f} GB/s "
-             f"(read + write, {ceiling['bytes_copied'] / 2**30:.0f} GiB copy); "
-             f"launch floor (empty kernel in a graph): {report['launch_floor']['us_per_launch']:.2f} us",
-             "kernel: per launch inside a CUDA graph (inputs from memory); warm: the same with inputs in L2; "
-             "eager: per back-to-back Python call; copy: a copy of the same bytes timed the same way (prefill), "
-             "%copy = copy time / kernel time",
-             "",
-             f"{'case':30s} {'kernel us':>9s} {'GB/s':>6s} {'%ceil':>6s} {'warm us':>8s} {'eager us':>9s} "
-             f"{'torch us':>9s} {'speed-up':>8s} {'copy us':>8s} {'%copy':>6s}"]
+    lines = [
+        f"device: {device['name']}, {device['sms']} SMs, L2 {device['l2_mib']:.0f} MiB",
+        f"copy ceiling: {ceiling['gb_per_s']:.0f} GB/s "
+        f"(read + write, {ceiling['bytes_copied'] / 2**30:.0f} GiB copy); "
+        f"launch floor (empty kernel in a graph): {report['launch_floor']['us_per_launch']:.2f} us",
+        "kernel: per launch inside a CUDA graph (inputs from memory); warm: the same with inputs in L2; "
+        "eager: per back-to-back Python call; copy: a copy of the same bytes timed the same way (prefill), "
+        "%copy = copy time / kernel time",
+        "",
+        f"{'case':30s} {'kernel us':>9s} {'GB/s':>6s} {'%ceil':>6s} {'warm us':>8s} {'eager us':>9s} "
+        f"{'torch us':>9s} {'speed-up':>8s} {'copy us':>8s} {'%copy':>6s}",
+    ]
     for r in report["cases"]:
         k, e, b = r["kernel"], r["eager"], r.get("torch_baseline") or {}
         warm = f"{k['warm_l2_median_us']:8.2f}" if "warm_l2_median_us" in k else f"{'':8s}"
@@ -66,14 +69,21 @@ def table(report: dict) -> str:
         speedup = f"{b['median_us'] / k['median_us']:7.0f}x" if b else ""
         c = r.get("same_size_copy") or {}
         copy = f"{c['median_us']:8.2f} {100 * c['median_us'] / k['median_us']:5.1f}%" if c else ""
-        lines.append((f"{r['name']:30s} {k['median_us']:9.2f} {k['gb_per_s']:6.0f} {k['pct_of_copy_ceiling']:5.1f}% "
-                      f"{warm} {e['median_us']:9.2f} {base} {speedup:>8s} {copy}").rstrip())
+        lines.append(
+            (
+                f"{r['name']:30s} {k['median_us']:9.2f} {k['gb_per_s']:6.0f} {k['pct_of_copy_ceiling']:5.1f}% "
+                f"{warm} {e['median_us']:9.2f} {base} {speedup:>8s} {copy}"
+            ).rstrip()
+        )
     h = report.get("host_overhead")
     if h:
-        lines += ["", "eager host time per call, tiny input (us): " +
-                  ", ".join(f"{k[:-3]} {v:.2f}" for k, v in h.items() if k.endswith("_us")),
-                  f"API / Tensor.index_copy_ = {h['api_over_index_copy']:.2f}x "
-                  f"(the op through torch.ops alone: {h['op_over_index_copy']:.2f}x)"]
+        lines += [
+            "",
+            "eager host time per call, tiny input (us): "
+            + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in h.items() if k.endswith("_us")),
+            f"API / Tensor.index_copy_ = {h['api_over_index_copy']:.2f}x "
+            f"(the op through torch.ops alone: {h['op_over_index_copy']:.2f}x)",
+        ]
     return "\n".join(lines)
 
 
@@ -87,6 +97,7 @@ def chart(report: dict, path: Path) -> bool:
     chart_baseline), one line per series_label; False when matplotlib is not installed."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:

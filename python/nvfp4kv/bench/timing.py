@@ -27,8 +27,13 @@ class L2Flusher:
         self.buffer.sum()
 
 
-def time_samples(run: Callable[[int], None], samples: int, calls_per_sample: int, warmup: int,
-                 before_sample: Optional[Callable[[], None]] = None) -> List[float]:
+def time_samples(
+    run: Callable[[int], None],
+    samples: int,
+    calls_per_sample: int,
+    warmup: int,
+    before_sample: Optional[Callable[[], None]] = None,
+) -> List[float]:
     """Per-call times (us) of `samples` samples, each timed with CUDA events around `calls_per_sample`
     calls run(i) (i counts calls from 0, so callers rotate their inputs)."""
     i = 0
@@ -71,6 +76,7 @@ def rate(stats: Stats, bytes_moved: int, ceiling: float) -> Dict[str, float]:
 
 
 # --- the GPU's limits --------------------------------------------------------------------------------
+
 
 def copy_ceiling(gib: float, samples: int) -> Dict[str, float]:
     n = int(gib * (1 << 30))
@@ -118,14 +124,16 @@ def same_size_copy(bytes_moved: int, l2_bytes: int, ceiling: float, samples: int
 
 # --- host overhead -----------------------------------------------------------------------------------
 
+
 def host_overhead(rounds: int, calls: int) -> Dict[str, float]:
     """Wall time per eager call on a tiny input (1 token, 1 head, head_dim 16), GPU work being far
     shorter than the host work; against one Tensor.index_copy_ of the same bytes."""
     key = torch.randn(1, 1, 16, device="cuda", dtype=DTYPE)
     value = torch.randn_like(key)
     cache = tuple(torch.zeros(4, PAGE_SIZE, 1, 8, dtype=torch.uint8, device="cuda") for _ in range(2))
-    sf = tuple(torch.zeros(4, PAGE_SIZE, 1, 1, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
-               for _ in range(2))
+    sf = tuple(
+        torch.zeros(4, PAGE_SIZE, 1, 1, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn) for _ in range(2)
+    )
     idx = lambda *v: torch.tensor(v, dtype=torch.int32, device="cuda")  # noqa: E731
     batch, pos, indices, indptr, last = idx(0), idx(3), idx(2), idx(0, 1), idx(4)
     target = torch.zeros(64, 16, device="cuda", dtype=DTYPE)
@@ -135,14 +143,14 @@ def host_overhead(rounds: int, calls: int) -> Dict[str, float]:
     schema_args = len(op._schema.arguments)
 
     def api():
-        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(key, value, batch, pos, cache, sf, indices, indptr, last,
-                                                     0.01, 0.01)
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+            key, value, batch, pos, cache, sf, indices, indptr, last, 0.01, 0.01
+        )
 
     extra = [None, None, "linear", "none"][: schema_args - 14]
 
     def raw_op():
-        op(key, value, batch, pos, cache[0], cache[1], sf[0], sf[1], indices, indptr, last, 0.01, 0.01, "NHD",
-           *extra)
+        op(key, value, batch, pos, cache[0], cache[1], sf[0], sf[1], indices, indptr, last, 0.01, 0.01, "NHD", *extra)
 
     def index_copy():
         target.index_copy_(0, rows, src)
@@ -158,8 +166,13 @@ def host_overhead(rounds: int, calls: int) -> Dict[str, float]:
 
     # Rounds interleave the callables, so drifts of the host's speed hit them alike; the ratios are
     # medians of per-round ratios.
-    named = (("index_copy_us", index_copy), ("api_us", api), ("op_us", raw_op),
-             ("op_inference_mode_us", raw_op_inference_mode), ("tensor_add_us", add_))
+    named = (
+        ("index_copy_us", index_copy),
+        ("api_us", api),
+        ("op_us", raw_op),
+        ("op_inference_mode_us", raw_op_inference_mode),
+        ("tensor_add_us", add_),
+    )
     for _, fn in named:
         for _ in range(200):
             fn()
