@@ -165,57 +165,6 @@ def check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages: int
             targets.add(row, slot // page_size, slot % page_size)
 
 
-def check_append(
-    append_key,
-    append_value,
-    batch_indices,
-    positions,
-    k_cache,
-    v_cache,
-    k_cache_sf,
-    v_cache_sf,
-    kv_indices,
-    kv_indptr,
-    kv_last_page_len,
-    k_scale,
-    v_scale,
-    kv_layout,
-    k_scale_tensor=None,
-    v_scale_tensor=None,
-    v_sf_layout="linear",
-    scale_search="none",
-) -> None:
-    check_index_data(
-        batch_indices,
-        positions,
-        kv_indices,
-        kv_indptr,
-        kv_last_page_len,
-        k_scale_tensor,
-        v_scale_tensor,
-        *page_geometry(k_cache, v_cache, kv_layout),
-    )
-
-
-def check_append_with_slot_mapping(
-    append_key,
-    append_value,
-    slot_mapping,
-    k_cache,
-    v_cache,
-    k_cache_sf,
-    v_cache_sf,
-    k_scale,
-    v_scale,
-    kv_layout,
-    k_scale_tensor=None,
-    v_scale_tensor=None,
-    v_sf_layout="linear",
-    scale_search="none",
-) -> None:
-    check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, *page_geometry(k_cache, v_cache, kv_layout))
-
-
 # Under torch.compile the checks are ops of their own, run with the real tensors. Each returns a copy
 # of an index tensor that the append then reads, so the compiler keeps it and runs it first (an op
 # without outputs would be dropped as dead code).

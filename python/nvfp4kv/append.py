@@ -1,0 +1,199 @@
+"""The appends of the FlashInfer-compatible API (flashinfer.page.nvfp4_quantize_append_paged_kv_cache and the
+slot-mapping variant): Python argument forms in, one call of the dispatcher op out."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch.compiler import is_dynamo_compiling
+
+from . import debug_checks
+from .arguments import Cache, Scale, check_python_types, scale_argument, split_cache
+
+# Eagerly the API calls an overload's C++ entry point (_op), skipping OpOverload.__call__'s Python frame;
+# TorchDynamo (torch.compile, strict export) cannot trace _op and gets the OpOverload itself.
+_APPEND = torch.ops.nvfp4kv.append_paged_kv_cache.default
+_APPEND_WITH_SLOT_MAPPING = torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping.default
+_APPEND_OP = _APPEND._op
+_APPEND_WITH_SLOT_MAPPING_OP = _APPEND_WITH_SLOT_MAPPING._op
+_NO_OPTIONS = ()  # the schema's defaults are left out of a call: ~4% less for torch to parse
+_CACHE_NAMES = ("paged_kv_cache[0]", "paged_kv_cache[1]", "kv_cache_sf[0]", "kv_cache_sf[1]")
+_STACKED_NAMES = ("paged_kv_cache", "", "kv_cache_sf", "")
+
+
+def _is_plain_call(paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout) -> bool:
+    """The call of every layer of every decode step: (K, V) tuples, float scales, eager, no debug checks.
+    Exact-type tests: isinstance against torch.Tensor is slow when it fails."""
+    return (
+        type(paged_kv_cache) is tuple
+        and type(kv_cache_sf) is tuple
+        and type(k_scale) is float
+        and type(v_scale) is float
+        and type(kv_layout) is str
+        and len(paged_kv_cache) == 2
+        and len(kv_cache_sf) == 2
+        and not debug_checks.ENABLED
+        and not is_dynamo_compiling()
+    )
+
+
+def _options(v_sf_layout: str, scale_search: str) -> tuple:
+    """The schema's trailing arguments (k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search) of a plain call."""
+    if v_sf_layout == "linear" and scale_search == "none":
+        return _NO_OPTIONS
+    return (None, None, v_sf_layout, scale_search)
+
+
+def _op_caches_and_scales(op: str, paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_scale: Scale):
+    """((k_cache, v_cache, k_cache_sf, v_cache_sf), (k_scale, v_scale), (k_scale_tensor, v_scale_tensor))."""
+    k_cache, v_cache = split_cache(paged_kv_cache, "paged_kv_cache")
+    k_sf, v_sf = split_cache(kv_cache_sf, "kv_cache_sf")
+    k_value, k_tensor = scale_argument(op, "k_scale", k_scale)
+    v_value, v_tensor = scale_argument(op, "v_scale", v_scale)
+    return (k_cache, v_cache, k_sf, v_sf), (k_value, v_value), (k_tensor, v_tensor)
+
+
+def _page_table_tensors(append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len):
+    return (("append_key", append_key), ("append_value", append_value), ("batch_indices", batch_indices),
+            ("positions", positions), ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
+            ("kv_last_page_len", kv_last_page_len))  # fmt: skip
+
+
+def _slot_tensors(append_key, append_value, slot_mapping):
+    return (("append_key", append_key), ("append_value", append_value), ("slot_mapping", slot_mapping))
+
+
+def _check_types(op: str, named_tensors: Tuple[Tuple[str, object], ...], caches, kv_layout, v_sf_layout,
+                 scale_search) -> None:  # fmt: skip
+    names = _CACHE_NAMES if caches[1] is not None else _STACKED_NAMES
+    strings = (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search))
+    check_python_types(op, (*named_tensors, *zip(names, caches)), strings)
+
+
+def nvfp4_quantize_append_paged_kv_cache(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    paged_kv_cache: Cache,
+    kv_cache_sf: Cache,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    k_scale: Scale,
+    v_scale: Scale,
+    kv_layout: str = "NHD",
+    *,
+    v_sf_layout: str = "linear",
+    scale_search: str = "none",
+) -> None:
+    """Quantize and append K/V rows into an NVFP4 paged KV cache (in place).
+
+    append_key / append_value: [nnz, num_kv_heads, head_dim], float16 or bfloat16.
+    paged_kv_cache: (k_cache, v_cache) uint8 [max_num_pages, page_size, num_kv_heads, head_dim // 2]
+        (NHD) or [max_num_pages, num_kv_heads, page_size, head_dim // 2] (HND), or one 5-D tensor with
+        K/V on dim 1. kv_cache_sf: the same with float8_e4m3fn and head_dim // 16.
+    k_scale / v_scale: global decode scales (value = e2m1 * block_scale * global_scale), as floats or
+        one-element float32 tensors on the inputs' device.
+    Row i of request batch_indices[i] at logical position positions[i] goes to page
+    kv_indices[kv_indptr[b] + p // page_size], entry p % page_size. See docs/SPEC.md for the bit recipe.
+    v_sf_layout: "linear" (FA2/XQA kernels) or "trtllm" (V scales 4-token interleaved, for trtllm-gen).
+    scale_search: "none" (SPEC) or "4over6" (per block, the 4-targeted scale when it has less error).
+    """
+    op = "append_paged_kv_cache"
+    if _is_plain_call(paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout):
+        k, v = paged_kv_cache
+        k_sf, v_sf = kv_cache_sf
+        try:
+            _APPEND_OP(append_key, append_value, batch_indices, positions, k, v, k_sf, v_sf, kv_indices, kv_indptr,
+                       kv_last_page_len, k_scale, v_scale, kv_layout, *_options(v_sf_layout, scale_search))  # fmt: skip
+        except (TypeError, RuntimeError):
+            _check_types(
+                op,
+                _page_table_tensors(
+                    append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len
+                ),
+                (k, v, k_sf, v_sf),
+                kv_layout,
+                v_sf_layout,
+                scale_search,
+            )
+            raise
+        return
+    caches, scales, scale_tensors = _op_caches_and_scales(op, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+    _check_types(
+        op,
+        _page_table_tensors(
+            append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len
+        ),
+        caches,
+        kv_layout,
+        v_sf_layout,
+        scale_search,
+    )
+    if debug_checks.ENABLED:
+        page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
+        if is_dynamo_compiling():  # checked by an op of its own at run time (the index data is device data)
+            batch_indices = debug_checks.checked_batch_indices(
+                batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, *scale_tensors, *page_geometry
+            )
+        else:
+            debug_checks.check_index_data(
+                batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, *scale_tensors, *page_geometry
+            )
+    append = _APPEND if is_dynamo_compiling() else _APPEND_OP
+    append(append_key, append_value, batch_indices, positions, *caches, kv_indices, kv_indptr, kv_last_page_len,
+           *scales, kv_layout, *scale_tensors, v_sf_layout, scale_search)  # fmt: skip
+
+
+def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    paged_kv_cache: Cache,
+    kv_cache_sf: Cache,
+    k_scale: Scale,
+    v_scale: Scale,
+    kv_layout: str = "NHD",
+    *,
+    v_sf_layout: str = "linear",
+    scale_search: str = "none",
+) -> None:
+    """The same append, addressed by flat slots as vLLM-style engines do.
+
+    slot_mapping: [n] int32/int64 with n <= append_key.shape[0]; row i goes to page
+    slot_mapping[i] // page_size, entry slot_mapping[i] % page_size. Negative slots are padding
+    (skipped), and so are slots at or beyond max_num_pages * page_size. Rows past n are ignored.
+    """
+    op = "append_paged_kv_cache_with_slot_mapping"
+    if _is_plain_call(paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout):
+        k, v = paged_kv_cache
+        k_sf, v_sf = kv_cache_sf
+        try:
+            _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k, v, k_sf, v_sf, k_scale, v_scale,
+                                         kv_layout, *_options(v_sf_layout, scale_search))  # fmt: skip
+        except (TypeError, RuntimeError):
+            _check_types(
+                op,
+                _slot_tensors(append_key, append_value, slot_mapping),
+                (k, v, k_sf, v_sf),
+                kv_layout,
+                v_sf_layout,
+                scale_search,
+            )
+            raise
+        return
+    caches, scales, scale_tensors = _op_caches_and_scales(op, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
+    _check_types(
+        op, _slot_tensors(append_key, append_value, slot_mapping), caches, kv_layout, v_sf_layout, scale_search
+    )
+    if debug_checks.ENABLED:
+        page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
+        if is_dynamo_compiling():
+            slot_mapping = debug_checks.checked_slot_mapping(slot_mapping, *scale_tensors, *page_geometry)
+        else:
+            debug_checks.check_slot_data(slot_mapping, *scale_tensors, *page_geometry)
+    append = _APPEND_WITH_SLOT_MAPPING if is_dynamo_compiling() else _APPEND_WITH_SLOT_MAPPING_OP
+    append(append_key, append_value, slot_mapping, *caches, *scales, kv_layout, *scale_tensors, v_sf_layout,
+           scale_search)  # fmt: skip
