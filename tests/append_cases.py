@@ -70,7 +70,9 @@ def _move(value, device, storages=None):
         key = value.untyped_storage().data_ptr()
         if key not in storages:
             storages[key] = _copy_storage(value, device)
-        return _view_of(storages[key], value, device)
+        if (key, value.dtype) not in storages:  # one dtype view per storage: views of one dtype share a _base
+            storages[key, value.dtype] = _dtype_view(storages[key], value.dtype)
+        return _view_of(storages[key, value.dtype], storages[key], value, device)
     return value
 
 
@@ -80,11 +82,17 @@ def _copy_storage(t: torch.Tensor, device) -> torch.Tensor:
     return raw.to(device, copy=True)
 
 
-def _view_of(flat: torch.Tensor, like: torch.Tensor, device) -> torch.Tensor:
-    """`like`'s view geometry over the bytes of `flat`: an ordinary view (as_strided of a dtype view), as
-    user code makes them; set_ only when the bytes do not divide into `like`'s elements."""
-    if flat.numel() % like.element_size() == 0:
-        return flat.view(like.dtype).as_strided(like.shape, like.stride(), like.storage_offset())
+def _dtype_view(flat: torch.Tensor, dtype: torch.dtype):
+    """flat's bytes as `dtype` elements, or None when they do not divide into them."""
+    element_size = torch.empty(0, dtype=dtype).element_size()
+    return flat if dtype == torch.uint8 else flat.view(dtype) if flat.numel() % element_size == 0 else None
+
+
+def _view_of(typed, flat: torch.Tensor, like: torch.Tensor, device) -> torch.Tensor:
+    """`like`'s view geometry over the bytes of `flat`: an ordinary view (as_strided of the storage's one
+    view as like's dtype, `typed`), as user code makes them; set_ only when there is no such view."""
+    if typed is not None:
+        return typed.as_strided(like.shape, like.stride(), like.storage_offset())
     return torch.empty(0, dtype=like.dtype, device=device).set_(
         flat.untyped_storage(), like.storage_offset(), like.shape, like.stride()
     )

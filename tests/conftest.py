@@ -98,15 +98,17 @@ def _separate(value):
 def compiled_error(call, *args, separate_halves=True, **kwargs) -> str:
     """The error message of `call` compiled with torch.compile(fullgraph=True). The fakes check nothing
     but what tracing needs, so the op's own checks raise their ValueError when the compiled code runs
-    (before the kernel writes); a refusal at trace time (caches sharing a storage) comes wrapped in
-    torch's TorchRuntimeError, and torch's own refusal of an expanded cache in BackendCompilerFailed."""
+    (before the kernel writes); a refusal at trace time (caches sharing a storage) and torch's own refusal
+    of an expanded cache come wrapped in a TorchDynamo exception."""
     torch._dynamo.reset()
     if separate_halves:
         args = [_separate(a) for a in args]
     compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
-    refusals = (ValueError, torch._dynamo.exc.TorchRuntimeError, torch._dynamo.exc.BackendCompilerFailed)
+    refusals = (ValueError, torch._dynamo.exc.TorchDynamoException)
     with pytest.raises(refusals) as error:
         compiled(*args, **kwargs)
+    if isinstance(error.value, torch._dynamo.exc.InternalTorchDynamoError):
+        raise error.value  # torch's compiler failed on its own, before any refusal
     return str(error.value)
 
 

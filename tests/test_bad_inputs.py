@@ -28,6 +28,9 @@ def base_case(**overrides):
     return case
 
 
+TORCH_BEFORE_2_13 = tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+
+
 def shares_storage(case) -> bool:
     """Whether a cache shares its storage with another cache or argument (refused under compile)."""
     tensors = [
@@ -297,7 +300,9 @@ def test_bad_input_raises_named_error_and_writes_nothing(mutate, argument, overr
 
     compiled = compiled_error(nvfp4kv.nvfp4_quantize_append_paged_kv_cache, *case.args(), separate_halves=False)
     if shares_storage(case):
-        assert "shares its storage with" in compiled, compiled
+        # torch < 2.13 refuses tensors of different dtypes sharing a storage itself, before the fakes run
+        own_refusal = TORCH_BEFORE_2_13 and "does not yet handle" in compiled
+        assert "shares its storage with" in compiled or own_refusal, compiled
     elif expanded(case):
         assert "refers to a single memory location" in compiled, compiled
     else:

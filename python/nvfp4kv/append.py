@@ -10,6 +10,7 @@ from torch.compiler import is_dynamo_compiling
 
 from . import debug_checks
 from .arguments import Cache, Scale, check_python_types, scale_argument, split_cache
+from .fake import refuse_shared_storage
 
 # Eagerly the API calls an overload's C++ entry point (_op), skipping OpOverload.__call__'s Python frame;
 # TorchDynamo (torch.compile, strict export) cannot trace _op and gets the OpOverload itself.
@@ -62,6 +63,17 @@ def _page_table_tensors(append_key, append_value, batch_indices, positions, kv_i
 
 def _slot_tensors(append_key, append_value, slot_mapping):
     return (("append_key", append_key), ("append_value", append_value), ("slot_mapping", slot_mapping))
+
+
+def _same_base(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are views of one base tensor (or one is the other's base): what TorchDynamo can
+    trace of storage sharing."""
+    return (a if a._base is None else a._base) is (b if b._base is None else b._base)
+
+
+def _refuse_shared_storage_when_traced(op: str, caches, named_tensors) -> None:
+    names = _CACHE_NAMES if caches[1] is not None else _STACKED_NAMES
+    refuse_shared_storage(op, list(zip(caches, names)), named_tensors, _same_base)
 
 
 def _check_types(op: str, named_tensors: Tuple[Tuple[str, object], ...], caches, kv_layout, v_sf_layout,
@@ -122,16 +134,11 @@ def nvfp4_quantize_append_paged_kv_cache(
             raise
         return
     caches, scales, scale_tensors = _op_caches_and_scales(op, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
-    _check_types(
-        op,
-        _page_table_tensors(
-            append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len
-        ),
-        caches,
-        kv_layout,
-        v_sf_layout,
-        scale_search,
-    )
+    named = _page_table_tensors(append_key, append_value, batch_indices, positions, kv_indices, kv_indptr,
+                                kv_last_page_len)  # fmt: skip
+    _check_types(op, named, caches, kv_layout, v_sf_layout, scale_search)
+    if is_dynamo_compiling():
+        _refuse_shared_storage_when_traced(op, caches, (*named, *zip(("k_scale", "v_scale"), scale_tensors)))
     if debug_checks.ENABLED:
         page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
         if is_dynamo_compiling():  # checked by an op of its own at run time (the index data is device data)
@@ -185,9 +192,10 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
             raise
         return
     caches, scales, scale_tensors = _op_caches_and_scales(op, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
-    _check_types(
-        op, _slot_tensors(append_key, append_value, slot_mapping), caches, kv_layout, v_sf_layout, scale_search
-    )
+    named = _slot_tensors(append_key, append_value, slot_mapping)
+    _check_types(op, named, caches, kv_layout, v_sf_layout, scale_search)
+    if is_dynamo_compiling():
+        _refuse_shared_storage_when_traced(op, caches, (*named, *zip(("k_scale", "v_scale"), scale_tensors)))
     if debug_checks.ENABLED:
         page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
         if is_dynamo_compiling():

@@ -8,30 +8,33 @@ dequantize, and the one rule that exists only for traced code (caches sharing a 
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
 
-def _refuse_shared_storage_under_compile(
-    op: str, caches: List[Tuple[Optional[torch.Tensor], str]], reads: List[Tuple[Optional[torch.Tensor], str]]
-) -> None:
-    """PyTorch's compiler mishandles mutated inputs that share a storage with another input (wrong
-    bytes under dynamic shapes, failed compiles), so a traced call refuses caches that share one with
-    each other or with any other argument. Eager calls take such caches (disjoint halves of a pool)."""
-    if not torch.compiler.is_compiling():
-        return
+def refuse_shared_storage(op: str, caches, reads, shares) -> None:
+    """PyTorch's compiler mishandles mutated inputs that share a storage with another input (wrong bytes
+    under dynamic shapes, failed compiles), so a traced call refuses caches that share one with each other
+    or with any other argument; eager calls take such caches (disjoint halves of a pool). `shares(a, b)`
+    says whether two tensors share a storage: the fakes ask torch; the API, traced by TorchDynamo before
+    PyTorch's own checks of aliased inputs run, compares view bases."""
     caches = [(t, name) for t, name in caches if t is not None]
     others = caches + [(t, name) for t, name in reads if isinstance(t, torch.Tensor)]
     for i, (cache, name) in enumerate(caches):
         for other, other_name in others[i + 1 :]:
-            if torch._C._is_alias_of(cache, other):
+            if shares(cache, other):
                 raise ValueError(
                     f"nvfp4kv.{op}: {other_name} shares its storage with {name}; under torch.compile the caches must "
                     "not share a storage with each other or with another argument (PyTorch miscompiles mutated "
                     "aliased inputs): pass K and V as one stacked tensor [max_num_pages, 2, ...] or as separately "
                     "allocated tensors"
                 )
+
+
+def _refuse_shared_storage_under_compile(op: str, caches, reads) -> None:
+    if torch.compiler.is_compiling():
+        refuse_shared_storage(op, caches, reads, torch._C._is_alias_of)
 
 
 def _refuse_mixed_devices(op: str, append_key, tensors, scales) -> None:
