@@ -34,23 +34,8 @@ def hold(case, holding):
     return case.with_caches((pool[:pages], pool[pages:]), (pool_sf[:pages], pool_sf[pages:]))
 
 
-def append(
-    key, value, batch_indices, positions, cache, cache_sf, kv_indices, kv_indptr, kv_last_page_len, k_scale, v_scale
-):
-    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
-        key,
-        value,
-        batch_indices,
-        positions,
-        cache,
-        cache_sf,
-        kv_indices,
-        kv_indptr,
-        kv_last_page_len,
-        k_scale,
-        v_scale,
-        "NHD",
-    )
+def append(*args):
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*args)
 
 
 def compiled_append(mode):
@@ -62,19 +47,7 @@ def call(fn, case, mode):
     if mode == "mark_dynamic":
         for t in (case.append_key, case.append_value, case.batch_indices, case.positions):
             torch._dynamo.mark_dynamic(t, 0)
-    fn(
-        case.append_key,
-        case.append_value,
-        case.batch_indices,
-        case.positions,
-        case.paged_kv_cache,
-        case.kv_cache_sf,
-        case.kv_indices,
-        case.kv_indptr,
-        case.kv_last_page_len,
-        case.k_scale,
-        case.v_scale,
-    )
+    fn(*case.args())
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -88,19 +61,7 @@ def test_compiled_append_equals_eager_or_is_refused(holding, mode, device):
             make_append_case(seed=seed, batch_size=batch_size, num_heads=2, head_dim=32, page_size=4), holding
         ).to(device)
         eager = case.cloned()
-        append(
-            eager.append_key,
-            eager.append_value,
-            eager.batch_indices,
-            eager.positions,
-            eager.paged_kv_cache,
-            eager.kv_cache_sf,
-            eager.kv_indices,
-            eager.kv_indptr,
-            eager.kv_last_page_len,
-            eager.k_scale,
-            eager.v_scale,
-        )
+        append(*eager.args())
         before = cache_bytes(case.paged_kv_cache), cache_bytes(case.kv_cache_sf)
         if holding in SHARED_STORAGE:
             with pytest.raises(Exception, match="shares its storage with .* pass K and V as one stacked tensor"):
@@ -118,42 +79,8 @@ def test_shared_storage_caches_are_accepted_eagerly(holding):
     """The refusal is the compiler's: an eager call writes such caches correctly."""
     case = hold(make_append_case(seed=7, num_heads=2, head_dim=32, page_size=4), holding)
     reference = hold(make_append_case(seed=7, num_heads=2, head_dim=32, page_size=4), "separate")
-    append(
-        *[
-            getattr(case, name)
-            for name in (
-                "append_key",
-                "append_value",
-                "batch_indices",
-                "positions",
-                "paged_kv_cache",
-                "kv_cache_sf",
-                "kv_indices",
-                "kv_indptr",
-                "kv_last_page_len",
-                "k_scale",
-                "v_scale",
-            )
-        ]
-    )
-    append(
-        *[
-            getattr(reference, name)
-            for name in (
-                "append_key",
-                "append_value",
-                "batch_indices",
-                "positions",
-                "paged_kv_cache",
-                "kv_cache_sf",
-                "kv_indices",
-                "kv_indptr",
-                "kv_last_page_len",
-                "k_scale",
-                "v_scale",
-            )
-        ]
-    )
+    append(*case.args())
+    append(*reference.args())
     for got, want in ((case.paged_kv_cache, reference.paged_kv_cache), (case.kv_cache_sf, reference.kv_cache_sf)):
         assert torch.equal(got[0].contiguous().view(torch.uint8), want[0].view(torch.uint8))
         assert torch.equal(got[1].contiguous().view(torch.uint8), want[1].view(torch.uint8))

@@ -231,57 +231,66 @@ StridedBytes strided_bytes(const TensorInfo& t) {
   return b;
 }
 
-// The four tensors an append writes: K data, V data, K scales, V scales.
-using WrittenCaches = std::array<CacheTensor, 4>;
+// The four tensors an append writes (K data, V data, K scales, V scales), with the bytes each can touch,
+// worked out once for both overlap checks.
+struct WrittenCaches {
+  std::array<CacheTensor, 4> tensors;
+  std::array<StridedBytes, 4> bytes;
+  std::array<ByteRange, 4> ranges;
+};
+
+WrittenCaches written_caches(const std::array<CacheTensor, 2>& data, const std::array<CacheTensor, 2>& scales) {
+  WrittenCaches w{{data[0], data[1], scales[0], scales[1]}, {}, {}};
+  for (size_t i = 0; i < w.tensors.size(); ++i) {
+    w.bytes[i] = strided_bytes(w.tensors[i]);
+    w.ranges[i] = byte_range(w.bytes[i]);
+  }
+  return w;
+}
 
 // Written tensors must not overlap themselves or each other: overlapping writes lose rows (K == V
 // keeps only the V half of every row). K and V of one kind may share a storage when they are two
 // disjoint halves of one geometry (a stacked cache's halves, two halves of one pool); any other
 // overlapping byte ranges are refused.
-void check_written_disjoint(const char* op, const WrittenCaches& written, bool stacked) {
-  for (const CacheTensor& t : written) {
-    if (!touches_each_byte_once(strided_bytes(t))) {
+void check_written_disjoint(const char* op, const WrittenCaches& w, bool stacked) {
+  for (size_t i = 0; i < w.tensors.size(); ++i) {
+    if (!touches_each_byte_once(w.bytes[i])) {
+      const CacheTensor& t = w.tensors[i];
       fail(op, t.name, " must not overlap itself (no stride-0 or expanded dims), got shape ", sizes_string(t.sizes),
            " and strides ", sizes_string(t.strides));
     }
   }
-  for (int kind = 0; kind < 4; kind += 2) {
-    const CacheTensor& k = written[kind];
-    const CacheTensor& v = written[kind + 1];
-    const StridedBytes kb = strided_bytes(k), vb = strided_bytes(v);
-    const ByteRange kr = byte_range(kb), vr = byte_range(vb);
-    if (kr.overlaps(vr) && !disjoint_same_geometry(kb, vb)) {
+  for (int k = 0; k < 4; k += 2) {
+    const int v = k + 1;
+    if (w.ranges[k].overlaps(w.ranges[v]) && !disjoint_same_geometry(w.bytes[k], w.bytes[v])) {
       if (stacked) {
-        fail(op, k.name, " must hold K and V in separate memory (dim 1 must not be expanded), got a dim-1 stride of ",
-             vb.address - kb.address, " bytes");
+        fail(op, w.tensors[k].name, " must hold K and V in separate memory (dim 1 must not be expanded), got a dim-1 ",
+             "stride of ", w.bytes[v].address - w.bytes[k].address, " bytes");
       }
-      fail(op, v.name, " must not overlap ", k.name, " in memory, got ", kr.overlap_bytes(vr), " overlapping bytes");
+      fail(op, w.tensors[v].name, " must not overlap ", w.tensors[k].name, " in memory, got ",
+           w.ranges[k].overlap_bytes(w.ranges[v]), " overlapping bytes");
     }
   }
   for (int data = 0; data < 2; ++data) {
     for (int scales = 2; scales < 4; ++scales) {
-      const ByteRange dr = byte_range(strided_bytes(written[data]));
-      const ByteRange sr = byte_range(strided_bytes(written[scales]));
-      if (dr.overlaps(sr)) {
-        fail(op, written[scales].name, " must not overlap ", written[data].name, " in memory, got ",
-             dr.overlap_bytes(sr), " overlapping bytes");
+      if (w.ranges[data].overlaps(w.ranges[scales])) {
+        fail(op, w.tensors[scales].name, " must not overlap ", w.tensors[data].name, " in memory, got ",
+             w.ranges[data].overlap_bytes(w.ranges[scales]), " overlapping bytes");
       }
     }
   }
 }
 
 // A tensor the op reads must not overlap what it writes.
-void check_read_disjoint(const char* op, const WrittenCaches& written,
+void check_read_disjoint(const char* op, const WrittenCaches& w,
                          std::initializer_list<std::pair<const TensorInfo*, const char*>> reads) {
-  std::array<ByteRange, 4> ranges;
-  for (size_t i = 0; i < written.size(); ++i) ranges[i] = byte_range(strided_bytes(written[i]));
   for (const auto& [tensor, name] : reads) {
     if (tensor == nullptr) continue;
     const ByteRange read = byte_range(strided_bytes(*tensor));
-    for (size_t i = 0; i < written.size(); ++i) {
-      if (read.overlaps(ranges[i])) {
-        fail(op, name, " must not overlap ", written[i].name, " in memory (the op writes there), got ",
-             read.overlap_bytes(ranges[i]), " overlapping bytes");
+    for (size_t i = 0; i < w.ranges.size(); ++i) {
+      if (read.overlaps(w.ranges[i])) {
+        fail(op, name, " must not overlap ", w.tensors[i].name, " in memory (the op writes there), got ",
+             read.overlap_bytes(w.ranges[i]), " overlapping bytes");
       }
     }
   }
@@ -299,7 +308,7 @@ WrittenCaches check_caches(const char* op, const CacheArguments& caches, bool nh
   p.page_size = reference.sizes[nhd ? 1 : 2];
   p.num_pages = reference.sizes[0];
   if (p.v_scales_trtllm) check_trtllm_scales(op, scales, nhd, p);
-  const WrittenCaches written{data[0], data[1], scales[0], scales[1]};
+  const WrittenCaches written = written_caches(data, scales);
   check_written_disjoint(op, written, !caches.v_cache.has_value());
   return written;
 }

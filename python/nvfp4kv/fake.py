@@ -61,6 +61,19 @@ def _cache_names(v_cache: Optional[torch.Tensor]) -> Tuple[str, str, str, str]:
     return "paged_kv_cache[0]", "paged_kv_cache[1]", "kv_cache_sf[0]", "kv_cache_sf[1]"
 
 
+def _check_traced_append(op: str, append_key, append_value, rows, tables, caches, scale_tensors) -> None:
+    """What an append's fake checks. `rows` and `tables` are the (tensor, name) index arguments the C++
+    checks before and after the caches' devices; `caches` (k_cache, v_cache, k_cache_sf, v_cache_sf);
+    `scale_tensors` (k_scale_tensor, v_scale_tensor)."""
+    k_cache, v_cache, k_cache_sf, v_cache_sf = caches
+    devices = [(append_value, "append_value"), *rows, (k_cache, "paged_kv_cache"), (k_cache_sf, "kv_cache_sf"),
+               *tables, (v_cache, "paged_kv_cache[1]"), (v_cache_sf, "kv_cache_sf[1]")]  # fmt: skip
+    scales = list(zip(scale_tensors, ("k_scale", "v_scale")))
+    _refuse_mixed_devices(op, append_key, devices, scales)
+    others = [(append_key, "append_key"), (append_value, "append_value"), *rows, *tables, *scales]
+    _refuse_shared_storage_under_compile(op, list(zip(caches, _cache_names(v_cache))), others)
+
+
 @torch.library.register_fake("nvfp4kv::append_paged_kv_cache")
 def _append_paged_kv_cache_fake(
     append_key,
@@ -82,40 +95,10 @@ def _append_paged_kv_cache_fake(
     v_sf_layout="linear",
     scale_search="none",
 ) -> None:
-    op = "append_paged_kv_cache"
-    _refuse_mixed_devices(
-        op,
-        append_key,
-        [
-            (append_value, "append_value"),
-            (batch_indices, "batch_indices"),
-            (positions, "positions"),
-            (k_cache, "paged_kv_cache"),
-            (k_cache_sf, "kv_cache_sf"),
-            (kv_indices, "kv_indices"),
-            (kv_indptr, "kv_indptr"),
-            (kv_last_page_len, "kv_last_page_len"),
-            (v_cache, "paged_kv_cache[1]"),
-            (v_cache_sf, "kv_cache_sf[1]"),
-        ],
-        [(k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")],
-    )
-    names = _cache_names(v_cache)
-    _refuse_shared_storage_under_compile(
-        op,
-        list(zip((k_cache, v_cache, k_cache_sf, v_cache_sf), names)),
-        [
-            (append_key, "append_key"),
-            (append_value, "append_value"),
-            (batch_indices, "batch_indices"),
-            (positions, "positions"),
-            (kv_indices, "kv_indices"),
-            (kv_indptr, "kv_indptr"),
-            (kv_last_page_len, "kv_last_page_len"),
-            (k_scale_tensor, "k_scale"),
-            (v_scale_tensor, "v_scale"),
-        ],
-    )
+    rows = [(batch_indices, "batch_indices"), (positions, "positions")]
+    tables = [(kv_indices, "kv_indices"), (kv_indptr, "kv_indptr"), (kv_last_page_len, "kv_last_page_len")]
+    _check_traced_append("append_paged_kv_cache", append_key, append_value, rows, tables,
+                         (k_cache, v_cache, k_cache_sf, v_cache_sf), (k_scale_tensor, v_scale_tensor))  # fmt: skip
 
 
 @torch.library.register_fake("nvfp4kv::append_paged_kv_cache_with_slot_mapping")
@@ -135,32 +118,9 @@ def _append_paged_kv_cache_with_slot_mapping_fake(
     v_sf_layout="linear",
     scale_search="none",
 ) -> None:
-    op = "append_paged_kv_cache_with_slot_mapping"
-    _refuse_mixed_devices(
-        op,
-        append_key,
-        [
-            (append_value, "append_value"),
-            (slot_mapping, "slot_mapping"),
-            (k_cache, "paged_kv_cache"),
-            (k_cache_sf, "kv_cache_sf"),
-            (v_cache, "paged_kv_cache[1]"),
-            (v_cache_sf, "kv_cache_sf[1]"),
-        ],
-        [(k_scale_tensor, "k_scale"), (v_scale_tensor, "v_scale")],
-    )
-    names = _cache_names(v_cache)
-    _refuse_shared_storage_under_compile(
-        op,
-        list(zip((k_cache, v_cache, k_cache_sf, v_cache_sf), names)),
-        [
-            (append_key, "append_key"),
-            (append_value, "append_value"),
-            (slot_mapping, "slot_mapping"),
-            (k_scale_tensor, "k_scale"),
-            (v_scale_tensor, "v_scale"),
-        ],
-    )
+    _check_traced_append("append_paged_kv_cache_with_slot_mapping", append_key, append_value,
+                         [(slot_mapping, "slot_mapping")], [], (k_cache, v_cache, k_cache_sf, v_cache_sf),
+                         (k_scale_tensor, v_scale_tensor))  # fmt: skip
 
 
 @torch.library.register_fake("nvfp4kv::dequantize")
