@@ -47,6 +47,14 @@ class AppendCase:
             self.kv_layout,
         )
 
+    def op_args(self) -> tuple:
+        """The arguments of torch.ops.nvfp4kv.append_paged_kv_cache (a stacked cache whole, with None for V)."""
+        k, v = (self.paged_kv_cache, None) if isinstance(self.paged_kv_cache, torch.Tensor) else self.paged_kv_cache
+        k_sf, v_sf = (self.kv_cache_sf, None) if isinstance(self.kv_cache_sf, torch.Tensor) else self.kv_cache_sf
+        return (self.append_key, self.append_value, self.batch_indices, self.positions, k, v, k_sf, v_sf,
+                self.kv_indices, self.kv_indptr, self.kv_last_page_len, self.k_scale, self.v_scale,
+                self.kv_layout)  # fmt: skip
+
     def with_caches(self, paged_kv_cache: Cache, kv_cache_sf: Cache) -> "AppendCase":
         return dataclasses.replace(self, paged_kv_cache=paged_kv_cache, kv_cache_sf=kv_cache_sf)
 

@@ -320,6 +320,27 @@ def test_device_mismatch_is_named():
     assert torch.equal(cache_bytes(case.paged_kv_cache), before)
 
 
+def test_read_tensor_between_written_caches_is_accepted(device):
+    """One buffer holding [K cache | kv_indices | V cache]: the index tensor lies between what the op writes
+    (inside the span of the written tensors) but overlaps none of them, so the call runs and writes the bytes
+    of separate allocations."""
+    separate = base_case().to(device)
+    k, v = separate.paged_kv_cache
+    kv_indices = separate.kv_indices.clone()
+    k_bytes, index_bytes = k.numel(), kv_indices.numel() * kv_indices.element_size()
+    gap = -(-index_bytes // 16) * 16
+    buffer = torch.full((k_bytes + gap + v.numel(),), 0x5A, dtype=torch.uint8, device=device)
+    pooled_caches = (buffer[:k_bytes].view(k.shape).copy_(k), buffer[k_bytes + gap :].view(v.shape).copy_(v))
+    indices = buffer[k_bytes : k_bytes + index_bytes].view(kv_indices.dtype).copy_(kv_indices)
+    pooled = dataclasses.replace(separate.cloned(), paged_kv_cache=pooled_caches, kv_indices=indices)
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*pooled.args())
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*separate.args())
+    for pooled_cache, separate_cache in zip(pooled.paged_kv_cache, separate.paged_kv_cache):
+        assert torch.equal(pooled_cache, separate_cache)
+    assert torch.equal(indices, kv_indices)
+    assert bool((buffer[k_bytes + index_bytes : k_bytes + gap] == 0x5A).all())
+
+
 @pytest.mark.parametrize("bad", [lambda c: (c[0],), lambda c: (c[0], c[1], c[1]), lambda c: "cache"])
 def test_cache_structure_is_named(bad):
     case = base_case()

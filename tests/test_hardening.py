@@ -147,22 +147,7 @@ def test_torchscript_bad_input_carries_the_eager_message():
             key, value, batch, positions, k, v, k_sf, v_sf, indices, indptr, last, k_scale, 0.01, "NHD"
         )
 
-    case = small_case()
-    k, v = case.paged_kv_cache
-    k_sf, v_sf = case.kv_cache_sf
-    arguments = (
-        case.append_key,
-        case.append_value,
-        case.batch_indices,
-        case.positions,
-        k,
-        v,
-        k_sf,
-        v_sf,
-        case.kv_indices,
-        case.kv_indptr,
-        case.kv_last_page_len,
-    )
+    arguments = small_case().op_args()[:11]  # all but the scales and the layout
     with pytest.raises(ValueError) as eager:
         torch.ops.nvfp4kv.append_paged_kv_cache(*arguments, -1.0, 0.01, "NHD")
     with pytest.raises(RuntimeError) as traced:  # the TorchScript interpreter's error, carrying the message

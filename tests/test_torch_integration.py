@@ -23,34 +23,13 @@ def separate_tuple(case):
     return case.with_caches(tuple(t.clone() for t in case.paged_kv_cache), tuple(t.clone() for t in case.kv_cache_sf))
 
 
-def op_args(case):
-    k, v = (case.paged_kv_cache, None) if isinstance(case.paged_kv_cache, torch.Tensor) else case.paged_kv_cache
-    k_sf, v_sf = (case.kv_cache_sf, None) if isinstance(case.kv_cache_sf, torch.Tensor) else case.kv_cache_sf
-    return (
-        case.append_key,
-        case.append_value,
-        case.batch_indices,
-        case.positions,
-        k,
-        v,
-        k_sf,
-        v_sf,
-        case.kv_indices,
-        case.kv_indptr,
-        case.kv_last_page_len,
-        case.k_scale,
-        case.v_scale,
-        case.kv_layout,
-    )
-
-
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("stacked", [False, True])
 def test_opcheck_append(stacked, layout):
     case = make_append_case(stacked=stacked, layout=layout, head_dim=32, num_heads=2, page_size=4, seed=12)
     if not stacked:
         case = separate_tuple(case)
-    torch.library.opcheck(torch.ops.nvfp4kv.append_paged_kv_cache.default, op_args(case), test_utils=SAFE_FOR_FLOAT8)
+    torch.library.opcheck(torch.ops.nvfp4kv.append_paged_kv_cache.default, case.op_args(), test_utils=SAFE_FOR_FLOAT8)
 
 
 def test_mutation_annotations_are_exact():
@@ -60,7 +39,7 @@ def test_mutation_annotations_are_exact():
     assert written == ["k_cache", "v_cache", "k_cache_sf", "v_cache_sf"]
     assert not schema.returns
     case = separate_tuple(make_append_case(seed=16))
-    args = op_args(case)
+    args = case.op_args()
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     torch.ops.nvfp4kv.append_paged_kv_cache(*args)
     for argument, old, new in zip(schema.arguments, before, args):
@@ -212,7 +191,7 @@ def test_torchscript(stacked):
     case = make_append_case(stacked=stacked, layout="HND", seed=14)
     eager = case.cloned()
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*eager.args())
-    scripted_append(*op_args(case))
+    scripted_append(*case.op_args())
     assert torch.equal(cache_bytes(case.paged_kv_cache), cache_bytes(eager.paged_kv_cache))
     assert torch.equal(cache_bytes(case.kv_cache_sf), cache_bytes(eager.kv_cache_sf))
 
@@ -323,7 +302,7 @@ def test_torchscript_fork_calls_from_a_thread_python_never_saw():
     eager = case.cloned()
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*eager.args())
     for _ in range(5):
-        forked_append(*op_args(case))
+        forked_append(*case.op_args())
     assert torch.equal(cache_bytes(case.paged_kv_cache), cache_bytes(eager.paged_kv_cache))
     assert torch.equal(cache_bytes(case.kv_cache_sf), cache_bytes(eager.kv_cache_sf))
 

@@ -1,6 +1,8 @@
 #include "append_checks.h"
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <initializer_list>
 #include <utility>
 
@@ -219,16 +221,15 @@ StridedBytes strided_bytes(const CacheTensor& t) {
   return b;
 }
 
-StridedBytes strided_bytes(const TensorInfo& t) {
-  StridedBytes b;
-  b.address = reinterpret_cast<uintptr_t>(t.data_ptr());
-  b.dims = int(t.dim());
-  for (int d = 0; d < b.dims; ++d) {
-    b.sizes[d] = t.size(d);
-    b.strides[d] = t.stride(d);
+// The bytes a tensor the op reads can touch (byte_range of its StridedBytes, without building them).
+ByteRange read_range(const TensorInfo& t) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  uint64_t last = 0;  // offset of the last element, in elements
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 0) return {begin, begin};
+    last += uint64_t(t.size(d) - 1) * uint64_t(t.stride(d));
   }
-  b.itemsize = element_size(t.scalar_type());
-  return b;
+  return {begin, begin + uintptr_t((last + 1) * uint64_t(element_size(t.scalar_type())))};
 }
 
 // The four tensors an append writes (K data, V data, K scales, V scales), with the bytes each can touch,
@@ -237,13 +238,17 @@ struct WrittenCaches {
   std::array<CacheTensor, 4> tensors;
   std::array<StridedBytes, 4> bytes;
   std::array<ByteRange, 4> ranges;
+  ByteRange hull;  // from the lowest begin to the highest end: a read outside it overlaps none of them
 };
 
 WrittenCaches written_caches(const std::array<CacheTensor, 2>& data, const std::array<CacheTensor, 2>& scales) {
-  WrittenCaches w{{data[0], data[1], scales[0], scales[1]}, {}, {}};
+  WrittenCaches w{{data[0], data[1], scales[0], scales[1]}, {}, {}, {UINTPTR_MAX, 0}};
   for (size_t i = 0; i < w.tensors.size(); ++i) {
     w.bytes[i] = strided_bytes(w.tensors[i]);
     w.ranges[i] = byte_range(w.bytes[i]);
+    if (w.ranges[i].begin < w.ranges[i].end) {
+      w.hull = {std::min(w.hull.begin, w.ranges[i].begin), std::max(w.hull.end, w.ranges[i].end)};
+    }
   }
   return w;
 }
@@ -286,7 +291,8 @@ void check_read_disjoint(const char* op, const WrittenCaches& w,
                          std::initializer_list<std::pair<const TensorInfo*, const char*>> reads) {
   for (const auto& [tensor, name] : reads) {
     if (tensor == nullptr) continue;
-    const ByteRange read = byte_range(strided_bytes(*tensor));
+    const ByteRange read = read_range(*tensor);
+    if (!read.overlaps(w.hull)) continue;  // the usual case, decided in one comparison
     for (size_t i = 0; i < w.ranges.size(); ++i) {
       if (read.overlaps(w.ranges[i])) {
         fail(op, name, " must not overlap ", w.tensors[i].name, " in memory (the op writes there), got ",

@@ -1,7 +1,7 @@
 // Host-side argument checks shared by the ops. Every failure throws std::invalid_argument (ValueError
-// in Python) with a message naming the argument, what was expected and what was given;
-// python/nvfp4kv/fake.py mirrors these checks word for word so that eager, fake and meta calls fail
-// alike.
+// in Python) with a message naming the argument, what was expected and what was given. They are the
+// only copy of the checks: they run whenever the op runs (eager, compiled, exported, C++), and the
+// fakes (python/nvfp4kv/fake.py) only propagate shapes.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>

@@ -17,7 +17,7 @@ ByteRange byte_range(const StridedBytes& t) {
 bool touches_each_byte_once(const StridedBytes& t) {
   std::array<std::pair<int64_t, int64_t>, StridedBytes::kMaxDims> dims;  // (stride, size), size > 1
   int n = 0;
-  for (int d = 0; d < t.dims; ++d) {
+  for (int d = t.dims - 1; d >= 0; --d) {  // innermost first: a row-major tensor is already sorted
     if (t.sizes[d] == 0) return true;
     if (t.sizes[d] > 1) dims[n++] = {t.strides[d], t.sizes[d]};
   }

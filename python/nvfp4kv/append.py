@@ -18,32 +18,8 @@ _APPEND = torch.ops.nvfp4kv.append_paged_kv_cache.default
 _APPEND_WITH_SLOT_MAPPING = torch.ops.nvfp4kv.append_paged_kv_cache_with_slot_mapping.default
 _APPEND_OP = _APPEND._op
 _APPEND_WITH_SLOT_MAPPING_OP = _APPEND_WITH_SLOT_MAPPING._op
-_NO_OPTIONS = ()  # the schema's defaults are left out of a call: ~4% less for torch to parse
 _CACHE_NAMES = ("paged_kv_cache[0]", "paged_kv_cache[1]", "kv_cache_sf[0]", "kv_cache_sf[1]")
 _STACKED_NAMES = ("paged_kv_cache", "", "kv_cache_sf", "")
-
-
-def _is_plain_call(paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout) -> bool:
-    """The call of every layer of every decode step: (K, V) tuples, float scales, eager, no debug checks.
-    Exact-type tests: isinstance against torch.Tensor is slow when it fails."""
-    return (
-        type(paged_kv_cache) is tuple
-        and type(kv_cache_sf) is tuple
-        and type(k_scale) is float
-        and type(v_scale) is float
-        and type(kv_layout) is str
-        and len(paged_kv_cache) == 2
-        and len(kv_cache_sf) == 2
-        and not debug_checks.ENABLED
-        and not is_dynamo_compiling()
-    )
-
-
-def _options(v_sf_layout: str, scale_search: str) -> tuple:
-    """The schema's trailing arguments (k_scale_tensor, v_scale_tensor, v_sf_layout, scale_search) of a plain call."""
-    if v_sf_layout == "linear" and scale_search == "none":
-        return _NO_OPTIONS
-    return (None, None, v_sf_layout, scale_search)
 
 
 def _op_caches_and_scales(op: str, paged_kv_cache: Cache, kv_cache_sf: Cache, k_scale: Scale, v_scale: Scale):
@@ -114,12 +90,23 @@ def nvfp4_quantize_append_paged_kv_cache(
     scale_search: "none" (SPEC) or "4over6" (per block, the 4-targeted scale when it has less error).
     """
     op = "append_paged_kv_cache"
-    if _is_plain_call(paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout):
+    # The call of every layer of every decode step: (K, V) tuples, float scales, eager, no debug checks. Written
+    # out here (no helper calls, no *args) since Python's call overhead is a measurable part of the host time;
+    # exact-type tests, as isinstance against torch.Tensor is slow when it fails (and torch's parser takes bytes
+    # for a str).
+    if (type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float
+            and type(v_scale) is float and type(kv_layout) is str and len(paged_kv_cache) == 2
+            and len(kv_cache_sf) == 2 and not debug_checks.ENABLED and not is_dynamo_compiling()):  # fmt: skip
         k, v = paged_kv_cache
         k_sf, v_sf = kv_cache_sf
         try:
-            _APPEND_OP(append_key, append_value, batch_indices, positions, k, v, k_sf, v_sf, kv_indices, kv_indptr,
-                       kv_last_page_len, k_scale, v_scale, kv_layout, *_options(v_sf_layout, scale_search))  # fmt: skip
+            if v_sf_layout == "linear" and scale_search == "none":  # the schema's defaults: less for torch to parse
+                _APPEND_OP(append_key, append_value, batch_indices, positions, k, v, k_sf, v_sf, kv_indices,
+                           kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout)  # fmt: skip
+            else:
+                _APPEND_OP(append_key, append_value, batch_indices, positions, k, v, k_sf, v_sf, kv_indices,
+                           kv_indptr, kv_last_page_len, k_scale, v_scale, kv_layout, None, None, v_sf_layout,
+                           scale_search)  # fmt: skip
         except (TypeError, RuntimeError):
             _check_types(
                 op,
@@ -174,12 +161,18 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     (skipped), and so are slots at or beyond max_num_pages * page_size. Rows past n are ignored.
     """
     op = "append_paged_kv_cache_with_slot_mapping"
-    if _is_plain_call(paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout):
+    if (type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float
+            and type(v_scale) is float and type(kv_layout) is str and len(paged_kv_cache) == 2
+            and len(kv_cache_sf) == 2 and not debug_checks.ENABLED and not is_dynamo_compiling()):  # fmt: skip
         k, v = paged_kv_cache
         k_sf, v_sf = kv_cache_sf
         try:
-            _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k, v, k_sf, v_sf, k_scale, v_scale,
-                                         kv_layout, *_options(v_sf_layout, scale_search))  # fmt: skip
+            if v_sf_layout == "linear" and scale_search == "none":
+                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k, v, k_sf, v_sf, k_scale,
+                                             v_scale, kv_layout)  # fmt: skip
+            else:
+                _APPEND_WITH_SLOT_MAPPING_OP(append_key, append_value, slot_mapping, k, v, k_sf, v_sf, k_scale,
+                                             v_scale, kv_layout, None, None, v_sf_layout, scale_search)  # fmt: skip
         except (TypeError, RuntimeError):
             _check_types(
                 op,

@@ -8,8 +8,8 @@
 #   check      build (tests/gpu/build_codec_check.sh, for this GPU's architecture) and run
 #              tests/gpu/codec_check.cu (exhaustive device checks of the quantizer; the test stage runs it
 #              too, as tests/test_cuda.py::test_device_codec_check_passes)
-#   test       pytest: every test module, on the CPU and on CUDA (PYTEST_TARGETS narrows it, e.g.
-#              PYTEST_TARGETS=tests/test_cuda.py)
+#   test       pytest: every test module, on the CPU and on CUDA, in TEST_SHARDS parallel processes
+#              (PYTEST_TARGETS narrows it, e.g. PYTEST_TARGETS=tests/test_cuda.py)
 #   sanitize   compute-sanitizer memcheck and racecheck over the CUDA tests of tests/test_append.py,
 #              tests/test_dequantize.py, tests/test_cuda.py and tests/test_fuzz.py (NVFP4KV_FUZZ_EXAMPLES
 #              cases each; small grid, no torch.compile tests, no codec check, no caching allocator so
@@ -64,12 +64,31 @@ if has_stage check; then
 fi
 
 if has_stage test; then
-  # Run from the tests folder against the INSTALLED package (not python/ in the checkout).
-  # shellcheck disable=SC2086  # PYTEST_TARGETS is a list of paths/options
-  stage test "$OUT/pytest.log" $PY -m pytest ${PYTEST_TARGETS:-tests} -q -rs -p no:cacheprovider --rootdir=. \
-    --timeout=600
+  # Run from the tests folder against the INSTALLED package (not python/ in the checkout), the modules
+  # dealt round-robin into TEST_SHARDS parallel pytest processes (default 4), each under TEST_TIMEOUT
+  # seconds (default 540); pytest.log is their logs one after the other.
+  run_tests() {
+    local shards=${TEST_SHARDS:-4} i=0 pids=() rc=0
+    local -a modules groups
+    # shellcheck disable=SC2207  # module paths have no spaces
+    modules=($(ls ${PYTEST_TARGETS:-tests/test_*.py}))
+    for module in "${modules[@]}"; do
+      groups[i % shards]+=" $module"
+      i=$((i + 1))
+    done
+    for ((i = 0; i < shards && i < ${#modules[@]}; i++)); do
+      # shellcheck disable=SC2086  # a group is a list of paths
+      timeout "${TEST_TIMEOUT:-540}" $PY -m pytest ${groups[i]} -q -rs -p no:cacheprovider --rootdir=. \
+        > "$OUT/pytest-$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    cat "$OUT"/pytest-*.log
+    grep -hE "^(FAILED|ERROR)| (passed|failed)" "$OUT"/pytest-*.log
+    return $rc
+  }
+  stage test "$OUT/pytest.log" run_tests
 fi
-
 
 if has_stage cuobjdump; then
   cuobjdump_listing() {
@@ -85,14 +104,6 @@ fi
 
 if has_stage bench; then
   stage bench "$OUT/bench.log" bash -c "cd /tmp && $PY -m nvfp4kv.bench --accuracy --out '$OUT'"
-  # Tuning runs, BENCH_MODES="MODE:FILTER ...": NVFP4KV_KERNEL=MODE forces one kernel mode for every
-  # aligned call, on the cases whose name contains FILTER (tables printed only).
-  for spec in ${BENCH_MODES:-}; do
-    mode=${spec%%:*} filter=${spec#*:}
-    echo "=== bench with NVFP4KV_KERNEL=$mode on '$filter'"
-    (cd /tmp && NVFP4KV_KERNEL=$mode $PY -m nvfp4kv.bench --only "$filter" --no-baseline --samples 20 \
-      --out "/tmp/bench-$mode" 2>/dev/null | sed -n '/^case/,/^$/p')
-  done
 fi
 
 if has_stage probe; then
@@ -120,7 +131,7 @@ echo "=== summary"
 for name in install check test memcheck racecheck cuobjdump bench probe; do
   [[ -n "${RESULT[$name]+x}" ]] && echo "$name: exit ${RESULT[$name]}"
 done
-grep -hE "passed|failed|error" "$OUT/pytest.log" 2>/dev/null | tail -n 2
+grep -hE " (passed|failed)" "$OUT"/pytest-*.log 2>/dev/null
 grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
 grep -hE "PASS|FAIL" "$OUT/codec_check.log" 2>/dev/null | tail -n 1
 [[ -f "$OUT/bench.log" ]] && sed -n '/^device:/,$p' "$OUT/bench.log"

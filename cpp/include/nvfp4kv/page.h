@@ -1,4 +1,4 @@
-// The C++ API of the paged-KV op, mirroring python/nvfp4kv/page.py (dequantize: fp4_quantization.h).
+// The C++ API of the paged-KV op, mirroring python/nvfp4kv/append.py (dequantize: fp4_quantization.h).
 //
 // Header-only over the c10 dispatcher: every function calls the op registered by libnvfp4kv.so
 // (schemas in cpp/src/registration.cpp), so C++ and Python run the same CPU and CUDA kernels and
