@@ -11,10 +11,11 @@
 #   test       pytest: every test module, on the CPU and on CUDA, in TEST_SHARDS parallel processes
 #              (PYTEST_TARGETS narrows it, e.g. PYTEST_TARGETS=tests/test_cuda.py)
 #   sanitize   compute-sanitizer memcheck and racecheck over the CUDA tests of tests/test_append.py,
-#              tests/test_dequantize.py, tests/test_cuda.py and tests/test_fuzz.py (NVFP4KV_FUZZ_EXAMPLES
-#              cases each; small grid, no torch.compile tests, no codec check, no caching allocator so
-#              that every tensor is its own allocation); runs last, each tool under SANITIZE_TIMEOUT
-#              seconds (default 900)
+#              tests/test_dequantize.py, tests/test_cuda.py, tests/test_fuzz.py (NVFP4KV_FUZZ_EXAMPLES
+#              cases each), tests/test_bad_inputs.py and tests/test_helper_bad_data.py (small grid, no
+#              torch.compile tests, no codec check, no caching allocator so that every tensor is its own
+#              allocation, hence no graph capture of allocating helpers); runs last, each tool under
+#              SANITIZE_TIMEOUT seconds (default 900)
 #   cuobjdump  the SASS/PTX listing of the installed library
 #   bench      python -m nvfp4kv.bench
 #   probe      build and run tools/ceiling_probe.cu: what a kernel that only moves each case's bytes
@@ -120,8 +121,8 @@ if has_stage sanitize; then
     NVFP4KV_TEST_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-900}" \
       compute-sanitizer --tool "$tool" --error-exitcode 7 \
       --print-limit 20 $PY -m pytest tests/test_append.py tests/test_dequantize.py tests/test_cuda.py \
-      tests/test_fuzz.py -q -p no:cacheprovider \
-      -k "not compiled and not first_call and not sass and not codec_check and not cpu"
+      tests/test_fuzz.py tests/test_bad_inputs.py tests/test_helper_bad_data.py -q -p no:cacheprovider \
+      -k "not compiled and not first_call and not sass and not codec_check and not cpu and not capturable"
   }
   stage memcheck "$OUT/memcheck.log" sanitize memcheck
   stage racecheck "$OUT/racecheck.log" sanitize racecheck

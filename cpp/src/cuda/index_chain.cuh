@@ -77,9 +77,9 @@ __device__ __forceinline__ RowIndexAddresses<Index> row_index_addresses(const Ap
   return s;
 }
 
-// Level 1's loads through the views: the pair kernel's chain warp, right after its wait (routing it
-// through row_index_addresses changed its code and cost prefill 6-9% at nnz 4096 / D=64 in the v9
-// A/B run (7fbc0e8) together with the other chain changes; this form is the one measured there).
+// Level 1's loads through the views: the pair kernel's chain warp, right after its wait. It keeps the
+// form measured in v9 (7fbc0e8): giving it the other kernels' forms (row_index_addresses, and kLoadFirst
+// below) cost page-table prefill 4-9% at nnz 4096 and at D=64 (docs/PERFORMANCE.md v12d, 2026-12-02).
 template <typename Index>
 __device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, const LaunchArgs& a, int64_t row) {
   RowIndices r{0, 0, 0, 0};
@@ -125,7 +125,7 @@ struct Target {
 // kLoadFirst: the page id's load goes out before the checks (which then overlap it), its index clamped
 // into kv_indices (size >= 1: the host checks); a row whose checks fail is skipped and its id unused.
 // Otherwise the checks come first and a failed row loads element 0 (the pair kernel's chain warp,
-// whose latency is hidden by the quantizing warps: its code is kept as measured).
+// whose latency is hidden by the quantizing warps: its code is kept as measured, see load_row_indices).
 template <typename Index, bool kLoadFirst>
 __device__ __forceinline__ Target start_target(const AppendParams& p, const LaunchArgs& a, int64_t row,
                                                const RowIndices& r) {
