@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "memory_overlap.h"
+#include "shared_checks.h"
 
 namespace nvfp4kv {
 namespace {
@@ -15,14 +16,6 @@ void check_rows(const char* op, const TensorInfo& t, const char* name) {
   if (t.stride(2) != 1) {
     fail(op, name, " must be contiguous in its last dim (stride 1), got stride ", t.stride(2));
   }
-}
-
-IndexView check_index(const char* op, const TensorInfo& t, const char* name) {
-  if (!is_index_dtype(t.scalar_type())) {
-    fail(op, name, " must have dtype int32 or int64, got ", dtype_name(t.scalar_type()));
-  }
-  if (t.dim() != 1) fail(op, name, " must be a 1-D tensor, got shape ", t.shape_string());
-  return IndexView{t.data_ptr(), t.stride(0), t.size(0), t.scalar_type() == ScalarType::Long};
 }
 
 // One 4-D cache tensor as the user named it ("paged_kv_cache[0]", or "paged_kv_cache" when it is a
@@ -173,17 +166,6 @@ void check_rows_pair(const char* op, const TensorInfo& append_key, const TensorI
   p.head_dim = head_dim;
 }
 
-// Every named tensor on append_key's device.
-void check_devices(const char* op, const TensorInfo& append_key,
-                   std::initializer_list<std::pair<const TensorInfo*, const char*>> tensors) {
-  for (const auto& [tensor, name] : tensors) {
-    if (tensor != nullptr && !tensor->same_device(append_key)) {
-      fail(op, name, " must be on the same device as append_key (", append_key.device_string(), "), got ",
-           tensor->device_string());
-    }
-  }
-}
-
 // What trtllm-gen attention kernels assume of a cache whose V scales are in the "trtllm" layout:
 // 4-token groups (page_size % 4 == 0), 4-block groups (head_dim % 64 == 0), V-scale strides equal to
 // the K-scale strides, whole (page, head) tiles contiguous in HND, 16-byte aligned page (and HND head)
@@ -221,34 +203,19 @@ StridedBytes strided_bytes(const CacheTensor& t) {
   return b;
 }
 
-// The bytes a tensor the op reads can touch (byte_range of its StridedBytes, without building them).
-ByteRange read_range(const TensorInfo& t) {
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-  uint64_t last = 0;  // offset of the last element, in elements
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) == 0) return {begin, begin};
-    last += uint64_t(t.size(d) - 1) * uint64_t(t.stride(d));
-  }
-  return {begin, begin + uintptr_t((last + 1) * uint64_t(element_size(t.scalar_type())))};
-}
-
 // The four tensors an append writes (K data, V data, K scales, V scales), with the bytes each can touch,
 // worked out once for both overlap checks.
 struct WrittenCaches {
   std::array<CacheTensor, 4> tensors;
   std::array<StridedBytes, 4> bytes;
-  std::array<ByteRange, 4> ranges;
-  ByteRange hull;  // from the lowest begin to the highest end: a read outside it overlaps none of them
+  WrittenRanges ranges;
 };
 
 WrittenCaches written_caches(const std::array<CacheTensor, 2>& data, const std::array<CacheTensor, 2>& scales) {
-  WrittenCaches w{{data[0], data[1], scales[0], scales[1]}, {}, {}, {UINTPTR_MAX, 0}};
+  WrittenCaches w{{data[0], data[1], scales[0], scales[1]}, {}, {}};
   for (size_t i = 0; i < w.tensors.size(); ++i) {
     w.bytes[i] = strided_bytes(w.tensors[i]);
-    w.ranges[i] = byte_range(w.bytes[i]);
-    if (w.ranges[i].begin < w.ranges[i].end) {
-      w.hull = {std::min(w.hull.begin, w.ranges[i].begin), std::max(w.hull.end, w.ranges[i].end)};
-    }
+    w.ranges.add(w.tensors[i].name, byte_range(w.bytes[i]));
   }
   return w;
 }
@@ -267,36 +234,20 @@ void check_written_disjoint(const char* op, const WrittenCaches& w, bool stacked
   }
   for (int k = 0; k < 4; k += 2) {
     const int v = k + 1;
-    if (w.ranges[k].overlaps(w.ranges[v]) && !disjoint_same_geometry(w.bytes[k], w.bytes[v])) {
+    if (w.ranges.ranges[k].overlaps(w.ranges.ranges[v]) && !disjoint_same_geometry(w.bytes[k], w.bytes[v])) {
       if (stacked) {
         fail(op, w.tensors[k].name, " must hold K and V in separate memory (dim 1 must not be expanded), got a dim-1 ",
              "stride of ", w.bytes[v].address - w.bytes[k].address, " bytes");
       }
       fail(op, w.tensors[v].name, " must not overlap ", w.tensors[k].name, " in memory, got ",
-           w.ranges[k].overlap_bytes(w.ranges[v]), " overlapping bytes");
+           w.ranges.ranges[k].overlap_bytes(w.ranges.ranges[v]), " overlapping bytes");
     }
   }
   for (int data = 0; data < 2; ++data) {
     for (int scales = 2; scales < 4; ++scales) {
-      if (w.ranges[data].overlaps(w.ranges[scales])) {
+      if (w.ranges.ranges[data].overlaps(w.ranges.ranges[scales])) {
         fail(op, w.tensors[scales].name, " must not overlap ", w.tensors[data].name, " in memory, got ",
-             w.ranges[data].overlap_bytes(w.ranges[scales]), " overlapping bytes");
-      }
-    }
-  }
-}
-
-// A tensor the op reads must not overlap what it writes.
-void check_read_disjoint(const char* op, const WrittenCaches& w,
-                         std::initializer_list<std::pair<const TensorInfo*, const char*>> reads) {
-  for (const auto& [tensor, name] : reads) {
-    if (tensor == nullptr) continue;
-    const ByteRange read = read_range(*tensor);
-    if (!read.overlaps(w.hull)) continue;  // the usual case, decided in one comparison
-    for (size_t i = 0; i < w.ranges.size(); ++i) {
-      if (read.overlaps(w.ranges[i])) {
-        fail(op, name, " must not overlap ", w.tensors[i].name, " in memory (the op writes there), got ",
-             read.overlap_bytes(w.ranges[i]), " overlapping bytes");
+             w.ranges.ranges[data].overlap_bytes(w.ranges.ranges[scales]), " overlapping bytes");
       }
     }
   }
@@ -319,25 +270,11 @@ WrittenCaches check_caches(const char* op, const CacheArguments& caches, bool nh
   return written;
 }
 
-// A float scale is validated here; a [1] float32 tensor on the inputs' device is read by the kernel.
-const float* check_scale(const char* op, const char* name, double scale, const std::optional<TensorInfo>& tensor,
-                         const TensorInfo& append_key, float& value) {
-  value = 1.0f;
-  if (!tensor) {
-    value = checked_global_scale(op, name, scale);
-    return nullptr;
-  }
-  if (tensor->scalar_type() != ScalarType::Float || tensor->numel() != 1 || !tensor->same_device(append_key)) {
-    fail(op, name, " as a tensor must be a one-element float32 tensor on append_key's device (",
-         append_key.device_string(), "), got dtype ", dtype_name(tensor->scalar_type()), ", shape ",
-         tensor->shape_string(), ", device ", tensor->device_string());
-  }
-  return static_cast<const float*>(tensor->data_ptr());
-}
-
 void check_scales(const char* op, const OptionArguments& scales, const TensorInfo& append_key, AppendParams& p) {
-  p.k_scale_device = check_scale(op, "k_scale", scales.k_scale, scales.k_scale_tensor, append_key, p.k_scale);
-  p.v_scale_device = check_scale(op, "v_scale", scales.v_scale, scales.v_scale_tensor, append_key, p.v_scale);
+  p.k_scale_device =
+      check_scale(op, "k_scale", scales.k_scale, scales.k_scale_tensor, append_key, "append_key", p.k_scale);
+  p.v_scale_device =
+      check_scale(op, "v_scale", scales.v_scale, scales.v_scale_tensor, append_key, "append_key", p.v_scale);
 }
 
 // The arguments both ops share, read in schema order (braced lists evaluate left to right).
@@ -371,7 +308,7 @@ AppendParams check_append_arguments(const AppendArguments& args) {
   AppendParams p{};
   const bool nhd = check_format(op, args.options, p);
   check_rows_pair(op, args.append_key, args.append_value, p);
-  check_devices(op, args.append_key,
+  check_devices(op, args.append_key, "append_key",
                 {{&args.append_value, "append_value"},
                  {&args.batch_indices, "batch_indices"},
                  {&args.positions, "positions"},
@@ -384,36 +321,26 @@ AppendParams check_append_arguments(const AppendArguments& args) {
                  {args.caches.v_cache_sf ? &*args.caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
 
   // Index tensors: 1-D int32/int64, used as given.
-  p.batch_indices = check_index(op, args.batch_indices, "batch_indices");
-  p.positions = check_index(op, args.positions, "positions");
-  p.kv_indices = check_index(op, args.kv_indices, "kv_indices");
-  p.kv_indptr = check_index(op, args.kv_indptr, "kv_indptr");
-  check_index(op, args.kv_last_page_len, "kv_last_page_len");
-  if (args.batch_indices.size(0) != p.nnz) {
-    fail(op, "batch_indices must have nnz = ", p.nnz, " entries (append_key.shape[0]), got ",
-         args.batch_indices.size(0));
-  }
-  if (args.positions.size(0) != p.nnz) {
-    fail(op, "positions must have nnz = ", p.nnz, " entries (append_key.shape[0]), got ", args.positions.size(0));
-  }
-  p.batch_size = args.kv_last_page_len.size(0);
-  if (args.kv_indptr.size(0) != p.batch_size + 1) {
-    fail(op, "kv_indptr must have batch_size + 1 = ", p.batch_size + 1,
-         " entries (batch_size = kv_last_page_len.shape[0]), got ", args.kv_indptr.size(0));
-  }
+  const PageTable table = check_page_table(op, args.batch_indices, args.positions, args.kv_indices, args.kv_indptr,
+                                           args.kv_last_page_len, p.nnz, "append_key");
+  p.batch_indices = table.batch_indices;
+  p.positions = table.positions;
+  p.kv_indices = table.kv_indices;
+  p.kv_indptr = table.kv_indptr;
+  p.batch_size = table.batch_size;
 
   const WrittenCaches written = check_caches(op, args.caches, nhd, p);
   check_scales(op, args.options, args.append_key, p);
-  check_read_disjoint(op, written,
-                      {{&args.append_key, "append_key"},
-                       {&args.append_value, "append_value"},
-                       {&args.batch_indices, "batch_indices"},
-                       {&args.positions, "positions"},
-                       {&args.kv_indices, "kv_indices"},
-                       {&args.kv_indptr, "kv_indptr"},
-                       {&args.kv_last_page_len, "kv_last_page_len"},
-                       {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
-                       {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
+  check_reads_disjoint(op, written.ranges,
+                       {{&args.append_key, "append_key"},
+                        {&args.append_value, "append_value"},
+                        {&args.batch_indices, "batch_indices"},
+                        {&args.positions, "positions"},
+                        {&args.kv_indices, "kv_indices"},
+                        {&args.kv_indptr, "kv_indptr"},
+                        {&args.kv_last_page_len, "kv_last_page_len"},
+                        {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
+                        {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
   return p;
 }
 
@@ -422,7 +349,7 @@ AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappin
   AppendParams p{};
   const bool nhd = check_format(op, args.options, p);
   check_rows_pair(op, args.append_key, args.append_value, p);
-  check_devices(op, args.append_key,
+  check_devices(op, args.append_key, "append_key",
                 {{&args.append_value, "append_value"},
                  {&args.slot_mapping, "slot_mapping"},
                  {&args.caches.k_cache, "paged_kv_cache"},
@@ -437,12 +364,12 @@ AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappin
   p.nnz = args.slot_mapping.size(0);  // only the first slot_mapping.shape[0] rows are appended
   const WrittenCaches written = check_caches(op, args.caches, nhd, p);
   check_scales(op, args.options, args.append_key, p);
-  check_read_disjoint(op, written,
-                      {{&args.append_key, "append_key"},
-                       {&args.append_value, "append_value"},
-                       {&args.slot_mapping, "slot_mapping"},
-                       {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
-                       {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
+  check_reads_disjoint(op, written.ranges,
+                       {{&args.append_key, "append_key"},
+                        {&args.append_value, "append_value"},
+                        {&args.slot_mapping, "slot_mapping"},
+                        {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
+                        {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
   return p;
 }
 

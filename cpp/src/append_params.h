@@ -115,7 +115,9 @@ NVFP4KV_HOST_DEVICE bool usable_global_scale(float s) {
 //
 // Slot-mapping variant: slot = slot_mapping[row]; rows with slot < 0 (padding) or
 // slot >= num_pages * page_size are skipped; page = slot / page_size, entry = slot % page_size.
-NVFP4KV_HOST_DEVICE bool resolve_row_target(const AppendParams& p, int64_t row, int64_t& page, int64_t& entry) {
+// Params: AppendParams or MlaParams (mla_params.h), which name their index fields alike.
+template <typename Params>
+NVFP4KV_HOST_DEVICE bool resolve_row_target(const Params& p, int64_t row, int64_t& page, int64_t& entry) {
   if (p.slot_mapping.data != nullptr) {
     const int64_t slot = p.slot_mapping[row];
     if (slot < 0 || slot / p.page_size >= p.num_pages) return false;

@@ -52,4 +52,30 @@ bool disjoint_same_geometry(const StridedBytes& first, const StridedBytes& secon
   return touches_each_byte_once(pair);
 }
 
+bool disjoint_columns(const StridedBytes& first, const StridedBytes& second) {
+  const int dims = first.dims;
+  if (dims < 1 || second.dims != dims) return false;
+  const StridedBytes& low = first.address <= second.address ? first : second;
+  const StridedBytes& high = first.address <= second.address ? second : first;
+  StridedBytes rows;  // in bytes
+  rows.address = low.address;
+  rows.dims = dims;
+  for (int d = 0; d + 1 < dims; ++d) {
+    if (low.sizes[d] != high.sizes[d]) return false;
+    const int64_t stride = low.strides[d] * low.itemsize;
+    if (low.sizes[d] > 1 && stride != high.strides[d] * high.itemsize) return false;
+    rows.sizes[d] = low.sizes[d];
+    rows.strides[d] = stride;
+  }
+  const int last = dims - 1;
+  for (const StridedBytes* t : {&low, &high}) {
+    if (t->sizes[last] > 1 && t->strides[last] != 1) return false;
+  }
+  const uint64_t delta = high.address - low.address;
+  if (delta < uint64_t(low.sizes[last] * low.itemsize)) return false;
+  rows.sizes[last] = int64_t(delta) + high.sizes[last] * high.itemsize;
+  rows.strides[last] = 1;
+  return touches_each_byte_once(rows);
+}
+
 }  // namespace nvfp4kv

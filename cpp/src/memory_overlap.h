@@ -43,4 +43,10 @@ bool touches_each_byte_once(const StridedBytes& t);
 // touches each byte once (e.g. the two halves of a stacked cache, or two halves of one pool).
 bool disjoint_same_geometry(const StridedBytes& first, const StridedBytes& second);
 
+// Two tensors with the same outer geometry (rank, and the sizes and byte strides of every dim but the
+// last) and contiguous last dims: true when each lies in its own column range of one combined tensor
+// (the same outer dims, rows from the lower one's first byte to the higher one's last) that touches
+// each byte once, e.g. the data, scale and kpe slices of one [pages, page_size, bytes] pool.
+bool disjoint_columns(const StridedBytes& first, const StridedBytes& second);
+
 }  // namespace nvfp4kv

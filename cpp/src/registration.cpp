@@ -26,6 +26,18 @@ STABLE_TORCH_LIBRARY(nvfp4kv, m) {
       "Tensor(d!)? v_cache_sf, float k_scale, float v_scale, str kv_layout, "
       "Tensor? k_scale_tensor=None, Tensor? v_scale_tensor=None, str v_sf_layout=\"linear\", "
       "str scale_search=\"none\") -> ()");
+  // MLA latent rows (SPEC section 4): ckv [nnz, C] to NVFP4 (ckv_cache uint8 [pages, page_size, C/2],
+  // ckv_sf_cache float8_e4m3fn [pages, page_size, C/16]), kpe [nnz, R] to float8_e4m3fn (kpe_cache
+  // [pages, page_size, R]; a kpe_cache of the inputs' 16-bit dtype gets a bit copy). Scales as above.
+  m.def(
+      "append_paged_mla_kv_cache(Tensor append_ckv, Tensor append_kpe, Tensor batch_indices, "
+      "Tensor positions, Tensor(a!) ckv_cache, Tensor(b!) ckv_sf_cache, Tensor(c!) kpe_cache, "
+      "Tensor kv_indices, Tensor kv_indptr, Tensor kv_last_page_len, float ckv_scale, float kpe_scale, "
+      "Tensor? ckv_scale_tensor=None, Tensor? kpe_scale_tensor=None) -> ()");
+  m.def(
+      "append_paged_mla_kv_cache_with_slot_mapping(Tensor append_ckv, Tensor append_kpe, Tensor slot_mapping, "
+      "Tensor(a!) ckv_cache, Tensor(b!) ckv_sf_cache, Tensor(c!) kpe_cache, float ckv_scale, float kpe_scale, "
+      "Tensor? ckv_scale_tensor=None, Tensor? kpe_scale_tensor=None) -> ()");
   // packed uint8 [..., D/2] + float8_e4m3fn scales [..., D/16] -> float32 [..., D].
   m.def("dequantize(Tensor packed, Tensor scales, float global_scale) -> Tensor");
 }

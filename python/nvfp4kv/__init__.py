@@ -12,9 +12,11 @@ from . import fake as _fake  # noqa: E402,F401  (registers the fake implementati
 from .calibration import global_scale_from_amax  # noqa: E402
 from .debug_checks import set_debug_checks  # noqa: E402
 from .fp4_quantization import dequantize  # noqa: E402
+from .mla import nvfp4_quantize_append_paged_mla_kv_cache, nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping  # noqa: E402
 from .page import (  # noqa: E402
     convert_v_scale_layout,
     dequantize_paged_kv_cache,
+    dequantize_paged_mla_kv_cache,
     get_batch_indices_positions,
     get_seq_lens,
     nvfp4_quantize_append_paged_kv_cache,
@@ -30,10 +32,13 @@ __all__ = [
     "convert_v_scale_layout",
     "dequantize",
     "dequantize_paged_kv_cache",
+    "dequantize_paged_mla_kv_cache",
     "get_batch_indices_positions",
     "get_seq_lens",
     "global_scale_from_amax",
     "nvfp4_quantize_append_paged_kv_cache",
     "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping",
+    "nvfp4_quantize_append_paged_mla_kv_cache",
+    "nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping",
     "set_debug_checks",
 ]

@@ -32,6 +32,10 @@ def enabled() -> bool:
 
 _APPEND = "append_paged_kv_cache"
 _APPEND_WITH_SLOT_MAPPING = "append_paged_kv_cache_with_slot_mapping"
+_MLA_APPEND = "append_paged_mla_kv_cache"
+_MLA_APPEND_WITH_SLOT_MAPPING = "append_paged_mla_kv_cache_with_slot_mapping"
+# (argument, rows it scales) of the two global scales of each op family
+_SCALES = {False: (("k_scale", "K"), ("v_scale", "V")), True: (("ckv_scale", "ckv"), ("kpe_scale", "kpe"))}
 
 
 def _refuse_during_capture(op: str) -> None:
@@ -47,8 +51,9 @@ def _fail(op: str, message: str) -> None:
     raise ValueError(f"nvfp4kv.{op} (debug check): {message}")
 
 
-def _check_scale_tensors(op: str, k_scale_tensor: Optional[torch.Tensor], v_scale_tensor: Optional[torch.Tensor]):
-    for name, tensor, rows in (("k_scale", k_scale_tensor, "K"), ("v_scale", v_scale_tensor, "V")):
+def _check_scale_tensors(op: str, k_scale_tensor: Optional[torch.Tensor], v_scale_tensor: Optional[torch.Tensor],
+                         mla: bool = False):  # fmt: skip
+    for (name, rows), tensor in zip(_SCALES[mla], (k_scale_tensor, v_scale_tensor)):
         if tensor is None or tensor.numel() != 1:  # a malformed scale tensor: the op names it
             continue
         value = float(tensor.reshape(-1)[0])
@@ -101,9 +106,11 @@ def check_index_data(
     v_scale_tensor,
     num_pages: int,
     page_size: int,
+    mla: bool = False,
 ) -> None:
-    """Every row of a page-table append, as the kernels would resolve it (append_params.h)."""
-    op = _APPEND
+    """Every row of a page-table append, as the kernels would resolve it (append_params.h); `mla`: of the
+    MLA latent append (its scale tensors are ckv_scale and kpe_scale)."""
+    op = _MLA_APPEND if mla else _APPEND
     _refuse_during_capture(op)
     if (
         page_size <= 0
@@ -111,7 +118,7 @@ def check_index_data(
         or kv_indptr.shape[0] != kv_last_page_len.shape[0] + 1
     ):
         return
-    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
+    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor, mla)
     batch = batch_indices.cpu().tolist()
     pos = positions.cpu().tolist()
     indices = kv_indices.cpu().tolist()
@@ -147,12 +154,13 @@ def check_index_data(
         targets.add(row, page, p % page_size)
 
 
-def check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages: int, page_size: int) -> None:
-    op = _APPEND_WITH_SLOT_MAPPING
+def check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages: int, page_size: int,
+                    mla: bool = False) -> None:  # fmt: skip
+    op = _MLA_APPEND_WITH_SLOT_MAPPING if mla else _APPEND_WITH_SLOT_MAPPING
     _refuse_during_capture(op)
     if page_size <= 0 or not _well_formed(slot_mapping):
         return
-    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor)
+    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor, mla)
     targets = _Targets(op)
     for row, slot in enumerate(slot_mapping.cpu().tolist()):
         if slot >= num_pages * page_size:
@@ -179,6 +187,7 @@ def checked_batch_indices(
     v_scale_tensor: Optional[torch.Tensor],
     num_pages: int,
     page_size: int,
+    mla: bool = False,
 ) -> torch.Tensor:
     check_index_data(
         batch_indices,
@@ -190,6 +199,7 @@ def checked_batch_indices(
         v_scale_tensor,
         num_pages,
         page_size,
+        mla,
     )
     return batch_indices.clone()
 
@@ -206,8 +216,9 @@ def checked_slot_mapping(
     v_scale_tensor: Optional[torch.Tensor],
     num_pages: int,
     page_size: int,
+    mla: bool = False,
 ) -> torch.Tensor:
-    check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages, page_size)
+    check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages, page_size, mla)
     return slot_mapping.clone()
 
 

@@ -1,9 +1,9 @@
 """Fake (meta) implementations of the nvfp4kv ops, for torch.compile, export and meta tensors.
 
-Every argument check lives once, in C++ (cpp/src/append_checks.cpp, cpp/src/dequantize_arguments.cpp),
-and runs whenever the op runs: eagerly, and inside compiled or exported code before the kernel writes
-anything, raising the same ValueError. The fakes only do what tracing needs: the output shape of
-dequantize, and the one rule that exists only for traced code (caches sharing a storage, below).
+Every argument check lives once, in C++ (cpp/src/append_checks.cpp, cpp/src/mla_checks.cpp,
+cpp/src/dequantize_arguments.cpp), and runs whenever the op runs: eagerly, and inside compiled or exported
+code before the kernel writes anything, raising the same ValueError. The fakes only do what tracing needs:
+the output shape of dequantize, and the one rule that exists only for traced code (caches sharing a storage, below).
 """
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ from typing import Optional, Tuple
 
 import torch
 
+_PAGED_KV_ADVICE = "pass K and V as one stacked tensor [max_num_pages, 2, ...] or as separately allocated tensors"
+_MLA_ADVICE = "allocate ckv_cache, ckv_sf_cache and kpe_cache separately"
 
-def refuse_shared_storage(op: str, caches, reads, shares) -> None:
+
+def refuse_shared_storage(op: str, caches, reads, shares, advice: str = _PAGED_KV_ADVICE) -> None:
     """PyTorch's compiler mishandles mutated inputs that share a storage with another input (wrong bytes
     under dynamic shapes, failed compiles), so a traced call refuses caches that share one with each other
     or with any other argument; eager calls take such caches (disjoint halves of a pool). `shares(a, b)`
@@ -27,30 +30,29 @@ def refuse_shared_storage(op: str, caches, reads, shares) -> None:
                 raise ValueError(
                     f"nvfp4kv.{op}: {other_name} shares its storage with {name}; under torch.compile the caches must "
                     "not share a storage with each other or with another argument (PyTorch miscompiles mutated "
-                    "aliased inputs): pass K and V as one stacked tensor [max_num_pages, 2, ...] or as separately "
-                    "allocated tensors"
+                    f"aliased inputs): {advice}"
                 )
 
 
-def _refuse_shared_storage_under_compile(op: str, caches, reads) -> None:
+def _refuse_shared_storage_under_compile(op: str, caches, reads, advice: str = _PAGED_KV_ADVICE) -> None:
     if torch.compiler.is_compiling():
-        refuse_shared_storage(op, caches, reads, torch._C._is_alias_of)
+        refuse_shared_storage(op, caches, reads, torch._C._is_alias_of, advice)
 
 
-def _refuse_mixed_devices(op: str, append_key, tensors, scales) -> None:
+def _refuse_mixed_devices(op: str, reference, tensors, scales, reference_name: str = "append_key") -> None:
     """A call mixing a meta tensor with real ones dispatches here instead of to a kernel: refuse it with
-    the kernels' messages (cpp/src/append_checks.cpp: check_devices, check_scale), not silently do nothing."""
+    the kernels' messages (cpp/src/shared_checks.cpp: check_devices, check_scale), not silently do nothing."""
+    device = reference.device
     for tensor, name in tensors:
-        if isinstance(tensor, torch.Tensor) and tensor.device != append_key.device:
+        if isinstance(tensor, torch.Tensor) and tensor.device != device:
             raise ValueError(
-                f"nvfp4kv.{op}: {name} must be on the same device as append_key ({append_key.device}), "
-                f"got {tensor.device}"
+                f"nvfp4kv.{op}: {name} must be on the same device as {reference_name} ({device}), got {tensor.device}"
             )
     for tensor, name in scales:
-        if isinstance(tensor, torch.Tensor) and tensor.device != append_key.device:
+        if isinstance(tensor, torch.Tensor) and tensor.device != device:
             raise ValueError(
-                f"nvfp4kv.{op}: {name} as a tensor must be a one-element float32 tensor on append_key's device "
-                f"({append_key.device}), got dtype {str(tensor.dtype).removeprefix('torch.')}, shape "
+                f"nvfp4kv.{op}: {name} as a tensor must be a one-element float32 tensor on {reference_name}'s device "
+                f"({device}), got dtype {str(tensor.dtype).removeprefix('torch.')}, shape "
                 f"[{', '.join(str(n) for n in tensor.shape)}], device {tensor.device}"
             )
 
@@ -121,6 +123,60 @@ def _append_paged_kv_cache_with_slot_mapping_fake(
     _check_traced_append("append_paged_kv_cache_with_slot_mapping", append_key, append_value,
                          [(slot_mapping, "slot_mapping")], [], (k_cache, v_cache, k_cache_sf, v_cache_sf),
                          (k_scale_tensor, v_scale_tensor))  # fmt: skip
+
+
+_MLA_CACHE_NAMES = ("ckv_cache", "ckv_sf_cache", "kpe_cache")
+
+
+def _check_traced_mla_append(op: str, append_ckv, append_kpe, rows, tables, caches, scale_tensors) -> None:
+    """The MLA appends' counterpart of _check_traced_append; `caches` (ckv_cache, ckv_sf_cache, kpe_cache)."""
+    cache_args = list(zip(caches, _MLA_CACHE_NAMES))
+    scales = list(zip(scale_tensors, ("ckv_scale", "kpe_scale")))
+    _refuse_mixed_devices(op, append_ckv, [(append_kpe, "append_kpe"), *rows, *cache_args, *tables], scales,
+                          "append_ckv")  # fmt: skip
+    others = [(append_ckv, "append_ckv"), (append_kpe, "append_kpe"), *rows, *tables, *scales]
+    _refuse_shared_storage_under_compile(op, cache_args, others, _MLA_ADVICE)
+
+
+@torch.library.register_fake("nvfp4kv::append_paged_mla_kv_cache")
+def _append_paged_mla_kv_cache_fake(
+    append_ckv,
+    append_kpe,
+    batch_indices,
+    positions,
+    ckv_cache,
+    ckv_sf_cache,
+    kpe_cache,
+    kv_indices,
+    kv_indptr,
+    kv_last_page_len,
+    ckv_scale,
+    kpe_scale,
+    ckv_scale_tensor=None,
+    kpe_scale_tensor=None,
+) -> None:
+    rows = [(batch_indices, "batch_indices"), (positions, "positions")]
+    tables = [(kv_indices, "kv_indices"), (kv_indptr, "kv_indptr"), (kv_last_page_len, "kv_last_page_len")]
+    _check_traced_mla_append("append_paged_mla_kv_cache", append_ckv, append_kpe, rows, tables,
+                             (ckv_cache, ckv_sf_cache, kpe_cache), (ckv_scale_tensor, kpe_scale_tensor))  # fmt: skip
+
+
+@torch.library.register_fake("nvfp4kv::append_paged_mla_kv_cache_with_slot_mapping")
+def _append_paged_mla_kv_cache_with_slot_mapping_fake(
+    append_ckv,
+    append_kpe,
+    slot_mapping,
+    ckv_cache,
+    ckv_sf_cache,
+    kpe_cache,
+    ckv_scale,
+    kpe_scale,
+    ckv_scale_tensor=None,
+    kpe_scale_tensor=None,
+) -> None:
+    _check_traced_mla_append("append_paged_mla_kv_cache_with_slot_mapping", append_ckv, append_kpe,
+                             [(slot_mapping, "slot_mapping")], [], (ckv_cache, ckv_sf_cache, kpe_cache),
+                             (ckv_scale_tensor, kpe_scale_tensor))  # fmt: skip
 
 
 @torch.library.register_fake("nvfp4kv::dequantize")

@@ -9,6 +9,7 @@ import torch
 
 from .append import nvfp4_quantize_append_paged_kv_cache, nvfp4_quantize_append_paged_kv_cache_with_slot_mapping  # noqa: F401  (the FlashInfer module path nvfp4kv.page.*)
 from .arguments import Cache, Scale, check_python_types, scale_argument, split_cache
+from .mla import nvfp4_quantize_append_paged_mla_kv_cache, nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping  # noqa: F401  (the FlashInfer module path nvfp4kv.page.*)
 
 # The helpers check metadata (Python types, dtypes, shapes, devices) on the host; index values are
 # device data, which they either handle safely whatever it holds or, where they synchronise anyway,
@@ -301,6 +302,62 @@ def dequantize_paged_kv_cache(
         return torch.ops.nvfp4kv.dequantize(gather(cache), gather(sf), scale).to(out_dtype)
 
     return read(k_cache, k_sf, k_scale), read(v_cache, v_sf, v_scale)
+
+
+def dequantize_paged_mla_kv_cache(
+    ckv_cache: torch.Tensor,
+    ckv_sf_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    ckv_scale: Scale,
+    kpe_scale: Scale,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Ragged ckv [total_tokens, C] and kpe [total_tokens, R] of all requests in order, read back from the caches of
+    nvfp4_quantize_append_paged_mla_kv_cache: ckv = e2m1 * sf * ckv_scale, kpe = float(byte) * kpe_scale (a kpe
+    cache of a 16-bit dtype is read as it is). The page table is checked as by dequantize_paged_kv_cache."""
+    op = "dequantize_paged_mla_kv_cache"
+    name = f"nvfp4kv.{op}"
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise TypeError(f"{name}: out_dtype must be a floating-point torch.dtype, got {out_dtype!r}")
+    check_python_types(op, (("ckv_cache", ckv_cache), ("ckv_sf_cache", ckv_sf_cache), ("kpe_cache", kpe_cache)), ())
+    if ckv_cache.dtype != torch.uint8 or ckv_cache.dim() != 3 or ckv_cache.shape[1] < 1 or ckv_cache.shape[2] % 8:
+        raise ValueError(
+            f"{name}: ckv_cache must be uint8 [max_num_pages, page_size >= 1, ckv_dim/2] with ckv_dim % 16 == 0, "
+            f"got {_dtype_name(ckv_cache.dtype)} {list(ckv_cache.shape)}"
+        )
+    num_pages, page_size, width = ckv_cache.shape
+    for t, part, dtypes, last in (
+        (ckv_sf_cache, "ckv_sf_cache", (torch.float8_e4m3fn,), width // 8),
+        (kpe_cache, "kpe_cache", (torch.float8_e4m3fn, torch.float16, torch.bfloat16), None),
+    ):
+        if t.dtype not in dtypes or t.dim() != 3 or list(t.shape[:2]) != [num_pages, page_size]:
+            raise ValueError(
+                f"{name}: {part} must be {' or '.join(_dtype_name(d) for d in dtypes)} [{num_pages}, {page_size}, "
+                f"{last if last is not None else 'kpe_dim'}], got {_dtype_name(t.dtype)} {list(t.shape)}"
+            )
+        if last is not None and t.shape[2] != last:
+            raise ValueError(f"{name}: {part} must have last dim ckv_dim/16 = {last}, got {list(t.shape)}")
+        _check_same_device(op, part, t, "ckv_cache", ckv_cache)
+    _check_index_vector(op, "kv_indices", kv_indices)
+    _check_indptr(op, "kv_indptr", kv_indptr, "kv_last_page_len", kv_last_page_len)
+    for t, part in ((kv_indices, "kv_indices"), (kv_indptr, "kv_indptr")):
+        _check_same_device(op, part, t, "ckv_cache", ckv_cache)
+    ckv_scale = _dequantize_scale(op, "ckv_scale", ckv_scale, ckv_cache.device)
+    kpe_scale = _dequantize_scale(op, "kpe_scale", kpe_scale, ckv_cache.device)
+    pages, entries = _page_table_tokens(op, kv_indices, kv_indptr, kv_last_page_len, page_size, num_pages).to(
+        ckv_cache.device
+    )
+    if isinstance(ckv_scale, torch.Tensor):  # (e2m1 * sf) * 1.0 is exact: then one rounding by the tensor
+        ckv = torch.ops.nvfp4kv.dequantize(ckv_cache[pages, entries], ckv_sf_cache[pages, entries], 1.0) * ckv_scale
+    else:
+        ckv = torch.ops.nvfp4kv.dequantize(ckv_cache[pages, entries], ckv_sf_cache[pages, entries], ckv_scale)
+    kpe = kpe_cache[pages, entries]
+    if kpe.dtype == torch.float8_e4m3fn:
+        kpe = kpe.float() * (kpe_scale if isinstance(kpe_scale, torch.Tensor) else torch.tensor(kpe_scale))
+    return ckv.to(out_dtype), kpe.to(out_dtype)
 
 
 def convert_v_scale_layout(

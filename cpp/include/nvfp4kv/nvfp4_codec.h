@@ -95,6 +95,14 @@ NVFP4KV_HOST_DEVICE uint8_t e4m3_from_nonnegative(float t) {
   return uint8_t(rounded - (120u << 3));
 }
 
+// Round any fp32 to float8_e4m3fn: nearest even, saturating to +-448 (so +-inf -> +-448), the sign
+// kept (-0.0 -> 0x80), any NaN -> 0x7F (the MLA kpe bytes, SPEC section 4).
+NVFP4KV_HOST_DEVICE uint8_t e4m3_from_float(float y) {
+  if (is_nan(y)) return kE4M3NaN;
+  const uint32_t bits = float_bits(y);
+  return uint8_t(((bits >> 24) & 0x80u) | e4m3_from_nonnegative(bits_float(bits & 0x7FFFFFFFu)));
+}
+
 // Decode a float8_e4m3fn byte (sign included). 0x7F / 0xFF are NaN.
 NVFP4KV_HOST_DEVICE float e4m3_to_float(uint8_t byte) {
   const uint32_t sign = uint32_t(byte & 0x80u) << 24;
