@@ -262,11 +262,16 @@ def test_compiled_fullgraph_equals_eager(device):
 
 
 def test_compile_refuses_pool_slices():
+    """Caches sharing a storage are refused under compile (PyTorch miscompiles mutated aliased inputs); torch
+    before 2.13 refuses these (views of other dtypes) itself, before the API's check can run."""
     torch._dynamo.reset()
     compiled = torch.compile(nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache, fullgraph=True)
     case = make_mla_case(pool=True, seed=4)
-    with pytest.raises(Exception, match="shares its storage with ckv_cache"):
+    before = case.cache_bytes()
+    refusals = "shares its storage with ckv_cache|does not yet handle input mutations on views with different dtypes"
+    with pytest.raises(Exception, match=refusals):
         compiled(*case.args())
+    assert torch.equal(case.cache_bytes(), before)
 
 
 def test_opcheck():

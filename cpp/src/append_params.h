@@ -116,12 +116,19 @@ NVFP4KV_HOST_DEVICE bool usable_global_scale(float s) {
 // Slot-mapping variant: slot = slot_mapping[row]; rows with slot < 0 (padding) or
 // slot >= num_pages * page_size are skipped; page = slot / page_size, entry = slot % page_size.
 // Params: AppendParams or MlaParams (mla_params.h), which name their index fields alike.
+// v / page_size for v >= 0, in 32 bits when both fit (a GPU's 64-bit division is a long subroutine).
+NVFP4KV_HOST_DEVICE int64_t divide_by_page_size(int64_t v, int64_t page_size) {
+  if (((v | page_size) >> 31) == 0) return int64_t(uint32_t(v) / uint32_t(page_size));
+  return v / page_size;
+}
+
 template <typename Params>
 NVFP4KV_HOST_DEVICE bool resolve_row_target(const Params& p, int64_t row, int64_t& page, int64_t& entry) {
   if (p.slot_mapping.data != nullptr) {
     const int64_t slot = p.slot_mapping[row];
-    if (slot < 0 || slot / p.page_size >= p.num_pages) return false;
-    page = slot / p.page_size;
+    if (slot < 0) return false;
+    page = divide_by_page_size(slot, p.page_size);
+    if (page >= p.num_pages) return false;
     entry = slot - page * p.page_size;
     return true;
   }
@@ -132,7 +139,7 @@ NVFP4KV_HOST_DEVICE bool resolve_row_target(const Params& p, int64_t row, int64_
   const int64_t first = p.kv_indptr[b];
   const int64_t last = p.kv_indptr[b + 1];
   if (first >= last) return false;
-  const int64_t page_offset = position / p.page_size;
+  const int64_t page_offset = divide_by_page_size(position, p.page_size);
   // last - first fits in uint64 because last > first; slot < last then cannot overflow.
   if (uint64_t(page_offset) >= uint64_t(last) - uint64_t(first)) return false;
   const int64_t slot = first + page_offset;

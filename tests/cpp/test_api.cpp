@@ -156,6 +156,41 @@ TEST(Append, HandComputedTies) {
   }
 }
 
+TEST(Mla, HandComputedLatentRow) {
+  // One row to page 1, entry 1 of two 2-entry pages: ckv as in HandComputedTies (a = 6, s = 1), kpe by hand.
+  const at::Tensor ckv =
+      at::tensor({6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -6.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0})
+          .to(at::kBFloat16)
+          .reshape({1, 16});
+  const at::Tensor kpe = at::tensor({1.0, -1.1875, 464.0, -0.0}).to(at::kBFloat16).reshape({1, 4});
+  at::Tensor ckv_cache = at::randint(0, 256, {2, 2, 8}, at::kByte);
+  at::Tensor sf_cache = at::randint(0, 256, {2, 2, 1}, at::kByte);
+  at::Tensor kpe_cache = at::randint(0, 256, {2, 2, 4}, at::kByte);
+  at::Tensor expected_ckv = ckv_cache.clone(), expected_sf = sf_cache.clone(), expected_kpe = kpe_cache.clone();
+  const std::vector<int> codes{7, 0, 2, 2, 4, 4, 6, 6, 15, 8, 10, 10, 12, 12, 14, 14};
+  for (int k = 0; k < 8; ++k) expected_ckv[1][1][k] = codes[2 * k] | codes[2 * k + 1] << 4;
+  expected_sf[1][1][0] = 0x38;
+  const std::vector<int> kpe_bytes{0x38, 0xBA, 0x7E, 0x80};
+  for (int j = 0; j < 4; ++j) expected_kpe[1][1][j] = kpe_bytes[j];
+  nvfp4kv::nvfp4_quantize_append_paged_mla_kv_cache(ckv, kpe, at::zeros({1}, at::kInt), at::ones({1}, at::kInt),
+                                                    ckv_cache, sf_cache.view(at::kFloat8_e4m3fn),
+                                                    kpe_cache.view(at::kFloat8_e4m3fn), at::tensor({1}, at::kInt),
+                                                    at::tensor({0, 1}, at::kInt), at::tensor({2}, at::kInt), 1.0, 1.0);
+  EXPECT_TRUE(at::equal(ckv_cache, expected_ckv));
+  EXPECT_TRUE(at::equal(sf_cache, expected_sf));
+  EXPECT_TRUE(at::equal(kpe_cache, expected_kpe));
+  try {
+    nvfp4kv::nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping(ckv, kpe, at::zeros({1}, at::kInt), ckv_cache,
+                                                                        sf_cache, kpe_cache, 1.0, 1.0);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "nvfp4kv.append_paged_mla_kv_cache_with_slot_mapping: ckv_sf_cache must have dtype float8_e4m3fn, got "
+              "uint8");
+  }
+  EXPECT_TRUE(at::equal(ckv_cache, expected_ckv));
+}
+
 TEST(Append, TensorScaleWritesTheSameBytesAsAFloatScale) {
   Case c = make_case(9, "NHD", at::kBFloat16, at::kInt, false);
   const auto expected = expected_caches(c);

@@ -115,6 +115,52 @@ inline void nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
                     {"scale_search", std::string(scale_search)}});
 }
 
+// Quantizes MLA latent rows and writes them into the paged latent caches in place (SPEC section 4).
+//   append_ckv [nnz, C], append_kpe [nnz, R]: float16/bfloat16, last dim contiguous, C % 16 == 0
+//   ckv_cache uint8 [max_num_pages, page_size, C/2], ckv_sf_cache float8_e4m3fn [.., C/16]: NVFP4 ckv
+//   kpe_cache float8_e4m3fn [.., R] (kpe / kpe_scale rounded to E4M3), or the inputs' dtype (a bit copy)
+//   batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len: placed as the paged K/V append
+inline void nvfp4_quantize_append_paged_mla_kv_cache(const at::Tensor& append_ckv, const at::Tensor& append_kpe,
+                                                     const at::Tensor& batch_indices, const at::Tensor& positions,
+                                                     const at::Tensor& ckv_cache, const at::Tensor& ckv_sf_cache,
+                                                     const at::Tensor& kpe_cache, const at::Tensor& kv_indices,
+                                                     const at::Tensor& kv_indptr, const at::Tensor& kv_last_page_len,
+                                                     const GlobalScale& ckv_scale, const GlobalScale& kpe_scale) {
+  static const c10::OperatorHandle op = detail::find_op("nvfp4kv::append_paged_mla_kv_cache");
+  detail::call(op, {{"append_ckv", append_ckv},
+                    {"append_kpe", append_kpe},
+                    {"batch_indices", batch_indices},
+                    {"positions", positions},
+                    {"ckv_cache", ckv_cache},
+                    {"ckv_sf_cache", ckv_sf_cache},
+                    {"kpe_cache", kpe_cache},
+                    {"kv_indices", kv_indices},
+                    {"kv_indptr", kv_indptr},
+                    {"kv_last_page_len", kv_last_page_len},
+                    {"ckv_scale", ckv_scale.value},
+                    {"kpe_scale", kpe_scale.value},
+                    {"ckv_scale_tensor", ckv_scale.tensor},
+                    {"kpe_scale_tensor", kpe_scale.tensor}});
+}
+
+// The MLA append addressed by flat slots (see nvfp4_quantize_append_paged_kv_cache_with_slot_mapping).
+inline void nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping(
+    const at::Tensor& append_ckv, const at::Tensor& append_kpe, const at::Tensor& slot_mapping,
+    const at::Tensor& ckv_cache, const at::Tensor& ckv_sf_cache, const at::Tensor& kpe_cache,
+    const GlobalScale& ckv_scale, const GlobalScale& kpe_scale) {
+  static const c10::OperatorHandle op = detail::find_op("nvfp4kv::append_paged_mla_kv_cache_with_slot_mapping");
+  detail::call(op, {{"append_ckv", append_ckv},
+                    {"append_kpe", append_kpe},
+                    {"slot_mapping", slot_mapping},
+                    {"ckv_cache", ckv_cache},
+                    {"ckv_sf_cache", ckv_sf_cache},
+                    {"kpe_cache", kpe_cache},
+                    {"ckv_scale", ckv_scale.value},
+                    {"kpe_scale", kpe_scale.value},
+                    {"ckv_scale_tensor", ckv_scale.tensor},
+                    {"kpe_scale_tensor", kpe_scale.tensor}});
+}
+
 // Sequence length of each request: full pages times page_size plus the last page's entries.
 inline at::Tensor get_seq_lens(const at::Tensor& kv_indptr, const at::Tensor& kv_last_page_len, int64_t page_size) {
   const at::Tensor pages = kv_indptr.slice(0, 1) - kv_indptr.slice(0, 0, -1);

@@ -14,7 +14,7 @@ import torch
 import nvfp4kv
 
 from . import __doc__ as package_doc
-from .cases import Case, InputSets, benchmark_cases
+from .cases import Case, InputSets, MlaInputSets, benchmark_cases
 from .report import CaseResult, chart, table, write_json
 from .timing import (
     L2Flusher,
@@ -60,7 +60,7 @@ def run_case(case: Case, l2_bytes: int, ceiling: float, flusher: L2Flusher, args
     target = 4.5 * l2_bytes
     per_set = case.bytes_per_input_set
     count = max(2, min(args.max_sets, math.ceil(target / per_set)))
-    sets = InputSets(case, count)
+    sets = (MlaInputSets if case.kpe_dim else InputSets)(case, count)
     rotated = count * per_set
     flush = None if rotated >= target else flusher
     result = CaseResult.of(case, count, rotated, flush is not None)

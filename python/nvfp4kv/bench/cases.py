@@ -32,10 +32,15 @@ class Case:
     baseline: bool = True  # also time the pure-PyTorch baseline
     in_chart: bool = False  # a point of the chart's kernel series (the base cases; variants: table only)
     chart_baseline: bool = False  # its pure-PyTorch rate is a point of the chart too
+    kpe_dim: int = 0  # > 0: an MLA latent append, ckv_dim = head_dim (one head), kpe_dim RoPE values
+    page_size: int = PAGE_SIZE
 
     @property
     def bytes_moved(self) -> int:
-        """bf16 K and V read, packed data and scales written (index reads are not counted)."""
+        """bf16 inputs read, packed data, scales (and MLA kpe bytes) written (index reads are not counted)."""
+        if self.kpe_dim:
+            c, r = self.head_dim, self.kpe_dim
+            return self.nnz * (2 * (c + r) + c // 2 + c // 16 + r)
         values = self.nnz * self.heads * self.head_dim
         return 2 * (2 * values + values // 2 + values // 16)
 
@@ -45,7 +50,7 @@ class Case:
 
     @property
     def pages_per_request(self) -> int:
-        return max(1, math.ceil(self.tokens_per_request / PAGE_SIZE))
+        return max(1, math.ceil(self.tokens_per_request / self.page_size))
 
     @property
     def bytes_per_input_set(self) -> int:
@@ -104,7 +109,65 @@ def benchmark_cases() -> List[Case]:
     # One KV head per GPU (a tensor-parallel shard of a GQA model): fewer than 9 threads per row, so the
     # one-item kernel in its "oneshot" mode instead of the pair kernel.
     cases += [Case("1-head prefill nnz=65536 D=128 NHD", "prefill", 65536, 128, "NHD", 1024, heads=1, **extra)]
+    # MLA latent rows (DeepSeek: ckv 512, kpe 64), pages of 64 and of 16 tokens.
+    mla = dict(kpe_dim=64, heads=1, **extra)
+    for page in (64, 16):
+        cases += [Case(f"mla p{page} decode nnz={n}", "decode", n, 512, "NHD", 1, page_size=page, **mla)
+                  for n in (1, 8, 64, 256, 1024)]  # fmt: skip
+        cases += [Case(f"mla p{page} prefill nnz={n}", "prefill", n, 512, "NHD", 1024, page_size=page, **mla)
+                  for n in (4096, 16384, 65536)]  # fmt: skip
     return cases
+
+
+class MlaInputSets:
+    """InputSets of an MLA case: `count` sets of ckv/kpe rows and page tables, each addressing its own pages
+    of one shared set of latent caches."""
+
+    def __init__(self, case: Case, count: int, seed: int = 0):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        requests, pages_per_request, page = case.requests, case.pages_per_request, case.page_size
+        pages_per_set = requests * pages_per_request
+        total_pages = count * pages_per_set
+        c, r = case.head_dim, case.kpe_dim
+        self.caches = (
+            torch.zeros(total_pages, page, c // 2, dtype=torch.uint8, device="cuda"),
+            torch.zeros(total_pages, page, c // 16, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn),
+            torch.zeros(total_pages, page, r, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn),
+        )
+        self.sets = []
+        for i in range(count):
+            latent = torch.randn(case.nnz, c + r, generator=g, device="cuda").to(DTYPE)  # one projection output
+            page_ids = i * pages_per_set + torch.randperm(pages_per_set, generator=g, device="cuda")
+            indptr = torch.arange(0, requests + 1, device="cuda") * pages_per_request
+            if case.kind == "decode":
+                last = torch.randint(1, page + 1, (requests,), generator=g, device="cuda")
+                positions = (pages_per_request - 1) * page + last - 1
+                batch = torch.arange(requests, device="cuda")
+            else:
+                last = torch.full((requests,), (case.tokens_per_request - 1) % page + 1, device="cuda")
+                positions = torch.arange(case.tokens_per_request, device="cuda").repeat(requests)
+                batch = torch.arange(requests, device="cuda").repeat_interleave(case.tokens_per_request)
+            as32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
+            self.sets.append(
+                dict(
+                    ckv=latent[:, :c],
+                    kpe=latent[:, c:],
+                    batch_indices=as32(batch),
+                    positions=as32(positions),
+                    kv_indices=as32(page_ids),
+                    kv_indptr=as32(indptr),
+                    kv_last_page_len=as32(last),
+                    ckv_scale=nvfp4kv.global_scale_from_amax(float(latent[:, :c].float().abs().max())),
+                    kpe_scale=float(latent[:, c:].float().abs().max()) / 448,
+                )
+            )
+
+    def append(self, i: int) -> None:
+        s = self.sets[i % len(self.sets)]
+        nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache(
+            s["ckv"], s["kpe"], s["batch_indices"], s["positions"], *self.caches, s["kv_indices"], s["kv_indptr"],
+            s["kv_last_page_len"], s["ckv_scale"], s["kpe_scale"],
+        )  # fmt: skip
 
 
 class InputSets:
