@@ -53,6 +53,14 @@ def test_matches_reference(ckv_dim, kpe_dim, page_size, decode, device):
     assert_mla_matches(case, device, what=f"seed {seed}")
 
 
+def test_large_call_matches_reference(device):
+    """A call of more than 4096 rows with an odd row count (the CUDA grid is then many CTAs of 8 rows)."""
+    case = make_mla_case(batch_size=41, max_tokens=400, page_size=64, seed=32)
+    assert case.append_ckv.shape[0] >= 4096 and case.append_ckv.shape[0] % 2 == 1, case.append_ckv.shape
+    assert_mla_matches(case, device, what="seed 32")
+    assert_mla_matches(case, device, slot_mapping=True, what="seed 32, slots")
+
+
 FORMS = list(itertools.product([torch.bfloat16, torch.float16], [torch.int32, torch.int64], [False, True],
                                [False, True], [torch.float8_e4m3fn, "input"]))  # fmt: skip
 

@@ -1,39 +1,27 @@
 // CUDA registration of nvfp4kv::append_paged_kv_cache: host checks, device guard, torch's current
 // stream, one kernel launch for K and V. No synchronisation, allocation or device-to-host copy.
-#include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
-#include <optional>
-
 #include "../append_checks.h"
-#include "current_stream.h"
+#include "device_launch.h"
 #include "kernels.h"
 
 namespace nvfp4kv {
 namespace {
 
-void launch(const AppendParams& p, int32_t device, const char* op) {
-  // A device guard only when the tensors live on another device than the current one (the common
-  // case needs none, and skipping it keeps the eager host path short).
-  std::optional<torch::stable::accelerator::DeviceGuard> guard;
-  if (torch::stable::accelerator::getCurrentDeviceIndex() != device) guard.emplace(device);
-  const char* error_string = nullptr;
-  const int error = launch_append_paged_kv_cache(p, current_cuda_stream(device), &error_string);
-  check_cuda_launch(error, error_string, op);
-}
-
 // Boxed kernels: the arguments are read from the dispatcher's stack (boxed_arguments.h).
 void append_paged_kv_cache_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   BoxedArguments boxed(stack, num_args, num_outputs);
   const AppendArguments arguments = read_append_arguments(boxed);
-  launch(check_append_arguments(arguments), arguments.append_key.device_index(), "append_paged_kv_cache");
+  launch_on_device(launch_append_paged_kv_cache, check_append_arguments(arguments), arguments.append_key.device_index(),
+                   "append_paged_kv_cache");
 }
 
 void append_paged_kv_cache_with_slot_mapping_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   BoxedArguments boxed(stack, num_args, num_outputs);
   const AppendWithSlotMappingArguments arguments = read_append_with_slot_mapping_arguments(boxed);
-  launch(check_append_with_slot_mapping_arguments(arguments), arguments.append_key.device_index(),
-         "append_paged_kv_cache_with_slot_mapping");
+  launch_on_device(launch_append_paged_kv_cache, check_append_with_slot_mapping_arguments(arguments),
+                   arguments.append_key.device_index(), "append_paged_kv_cache_with_slot_mapping");
 }
 
 }  // namespace

@@ -1,36 +1,26 @@
 // CUDA registration of the MLA latent appends: host checks, device guard, torch's current stream, one
 // kernel launch. No synchronisation, allocation or device-to-host copy.
-#include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
-#include <optional>
-
 #include "../mla_checks.h"
-#include "current_stream.h"
+#include "device_launch.h"
 #include "kernels.h"
 
 namespace nvfp4kv {
 namespace {
 
-void launch(const MlaParams& p, int32_t device, const char* op) {
-  std::optional<torch::stable::accelerator::DeviceGuard> guard;  // only when another device is current
-  if (torch::stable::accelerator::getCurrentDeviceIndex() != device) guard.emplace(device);
-  const char* error_string = nullptr;
-  const int error = launch_append_paged_mla_kv_cache(p, current_cuda_stream(device), &error_string);
-  check_cuda_launch(error, error_string, op);
-}
-
 void append_paged_mla_kv_cache_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   BoxedArguments boxed(stack, num_args, num_outputs);
   const MlaAppendArguments arguments = read_mla_append_arguments(boxed);
-  launch(check_mla_append_arguments(arguments), arguments.append_ckv.device_index(), "append_paged_mla_kv_cache");
+  launch_on_device(launch_append_paged_mla_kv_cache, check_mla_append_arguments(arguments),
+                   arguments.append_ckv.device_index(), "append_paged_mla_kv_cache");
 }
 
 void append_paged_mla_kv_cache_with_slot_mapping_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   BoxedArguments boxed(stack, num_args, num_outputs);
   const MlaAppendWithSlotMappingArguments arguments = read_mla_append_with_slot_mapping_arguments(boxed);
-  launch(check_mla_append_with_slot_mapping_arguments(arguments), arguments.append_ckv.device_index(),
-         "append_paged_mla_kv_cache_with_slot_mapping");
+  launch_on_device(launch_append_paged_mla_kv_cache, check_mla_append_with_slot_mapping_arguments(arguments),
+                   arguments.append_ckv.device_index(), "append_paged_mla_kv_cache_with_slot_mapping");
 }
 
 }  // namespace

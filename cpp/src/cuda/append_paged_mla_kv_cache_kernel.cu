@@ -21,9 +21,10 @@ constexpr uint32_t kLanes = 32;
 
 // Per-call choices made on the host.
 struct MlaLaunch {
-  bool ckv_load16;  // 16-byte ckv loads (row base and stride allow them)
-  bool kpe_pairs;   // 4-byte kpe loads of value pairs, 2-byte (fp8) or 4-byte (copy) stores
-  bool ckv_store8;  // 8-byte packed-data stores
+  bool ckv_load16;       // 16-byte ckv loads (row base and stride allow them)
+  bool kpe_pairs;        // 4-byte kpe loads of value pairs, 2-byte (fp8) or 4-byte (copy) stores
+  bool ckv_store8;       // 8-byte packed-data stores
+  bool speculate_batch;  // nnz == batch_size (decode): kv_indptr[row], [row + 1] prefetched early
 };
 
 template <bool kBF16>
@@ -39,26 +40,37 @@ __device__ __forceinline__ uint32_t kpe_code(float x, float s) {
   return ((__float_as_uint(y) >> 24) & 0x80u) | block_quantizer::scale_byte(fabsf(y));
 }
 
+// The 16 values of ckv block `block` of a row as packed words (low half = even element).
+__device__ __forceinline__ void load_block(const uint16_t* row, int64_t block, bool vector, uint32_t (&w)[8]) {
+  const uint16_t* src = row + block * codec::kBlockSize;
+  if (vector) {
+    const uint4 lo = __ldg(reinterpret_cast<const uint4*>(src));
+    const uint4 hi = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = uint32_t(__ldg(src + 2 * i)) | uint32_t(__ldg(src + 2 * i + 1)) << 16;
+}
+
+// The lane's first ckv block and first kpe pair, loaded before the row's target is known (they depend on
+// no index): for C = 512 and R = 64 they are all the lane's inputs.
+struct LaneInputs {
+  uint32_t w[8];
+  uint32_t kpe_pair;
+};
+
 template <bool kBF16>
 __device__ __forceinline__ void append_ckv(const MlaParams& p, const MlaLaunch& a, int64_t row, uint8_t* data,
-                                           uint8_t* scales, float s) {
+                                           uint8_t* scales, float s, LaneInputs& first) {
   const float six_s = __fmul_rn(codec::kE2M1MaxValue, s);
   const float inverse = block_quantizer::division_inverse(six_s);
   const float* no_table[1] = {nullptr};
   const uint16_t* src = p.ckv.data + row * p.ckv.row_stride;
-  for (int64_t block = threadIdx.x % kLanes; block < p.ckv_dim / codec::kBlockSize; block += kLanes) {
-    uint32_t w[8];
-    if (a.ckv_load16) {
-      const uint4 lo = __ldg(reinterpret_cast<const uint4*>(src + block * codec::kBlockSize));
-      const uint4 hi = __ldg(reinterpret_cast<const uint4*>(src + block * codec::kBlockSize) + 1);
-      w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const uint16_t* pair = src + block * codec::kBlockSize + 2 * i;
-        w[i] = uint32_t(__ldg(pair)) | uint32_t(__ldg(pair + 1)) << 16;
-      }
-    }
+  const int64_t lane = threadIdx.x % kLanes;
+  for (int64_t block = lane; block < p.ckv_dim / codec::kBlockSize; block += kLanes) {
+    if (block != lane) load_block(src, block, a.ckv_load16, first.w);
+    const uint32_t (&w)[8] = first.w;
     uint2 packed;
     uint8_t sf;
     block_quantizer::quantize_blocks<kBF16, 1, false>(w, &s, &six_s, &inverse, no_table, &packed, &sf);
@@ -74,14 +86,15 @@ __device__ __forceinline__ void append_ckv(const MlaParams& p, const MlaLaunch& 
 }
 
 template <bool kBF16>
-__device__ __forceinline__ void append_kpe(const MlaParams& p, const MlaLaunch& a, int64_t row, uint8_t* dst, float s) {
+__device__ __forceinline__ void append_kpe(const MlaParams& p, const MlaLaunch& a, int64_t row, uint8_t* dst, float s,
+                                           const LaneInputs& first) {
   const uint16_t* src = p.kpe.data + row * p.kpe.row_stride;
   const bool fp8 = p.kpe_is_fp8;
   if (fp8 && !usable_global_scale(s)) return;  // a bad device scale leaves the row's kpe untouched
   const int64_t lane = threadIdx.x % kLanes;
   if (a.kpe_pairs) {  // kpe_dim even, pairs aligned for 4-byte loads and the stores
     for (int64_t j = 2 * lane; j < p.kpe_dim; j += 2 * kLanes) {
-      const uint32_t pair = __ldg(reinterpret_cast<const uint32_t*>(src + j));
+      const uint32_t pair = j == 2 * lane ? first.kpe_pair : __ldg(reinterpret_cast<const uint32_t*>(src + j));
       if (fp8) {
         const uint32_t lo = kpe_code(value_of<kBF16>(pair & 0xFFFFu), s), hi = kpe_code(value_of<kBF16>(pair >> 16), s);
         *reinterpret_cast<uint16_t*>(dst + j) = uint16_t(lo | hi << 8);
@@ -109,13 +122,26 @@ __global__ void __launch_bounds__(kWarps* kLanes)
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
   if (row >= p.nnz) return;
+  const int64_t lane = threadIdx.x % kLanes;
+  LaneInputs first{};
+  if (lane < p.ckv_dim / codec::kBlockSize)
+    load_block(p.ckv.data + row * p.ckv.row_stride, lane, a.ckv_load16, first.w);
+  if (a.kpe_pairs && 2 * lane < p.kpe_dim) {
+    first.kpe_pair = __ldg(reinterpret_cast<const uint32_t*>(p.kpe.data + row * p.kpe.row_stride + 2 * lane));
+  }
+  if (a.speculate_batch) {  // decode: request row's page range, in flight while batch_indices[row] loads
+    const int64_t stride = p.kv_indptr.stride * (p.kv_indptr.is_int64 ? 8 : 4);
+    const char* indptr = static_cast<const char*>(p.kv_indptr.data) + row * stride;
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(indptr));
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(indptr + stride));
+  }
   int64_t page, entry;
   if (!resolve_row_target(p, row, page, entry)) return;
   const float ckv_scale = mla_ckv_scale(p);
   if (usable_global_scale(ckv_scale)) {  // a bad device scale leaves the row's ckv untouched
-    append_ckv<kBF16>(p, a, row, p.ckv_data.at(page, entry), p.ckv_scales.at(page, entry), ckv_scale);
+    append_ckv<kBF16>(p, a, row, p.ckv_data.at(page, entry), p.ckv_scales.at(page, entry), ckv_scale, first);
   }
-  append_kpe<kBF16>(p, a, row, p.kpe_cache.at(page, entry), mla_kpe_scale(p));
+  append_kpe<kBF16>(p, a, row, p.kpe_cache.at(page, entry), mla_kpe_scale(p), first);
 }
 
 bool aligned(const void* pointer, int64_t stride_bytes, int64_t bytes) {
@@ -142,6 +168,7 @@ int launch_append_paged_mla_kv_cache(const MlaParams& p, void* stream, const cha
   a.kpe_pairs =
       p.kpe_dim % 2 == 0 && aligned(p.kpe.data, p.kpe.row_stride * 2, 4) && cache_aligned(p.kpe_cache, 2 * kpe_item);
   a.ckv_store8 = cache_aligned(p.ckv_data, 8);
+  a.speculate_batch = p.slot_mapping.data == nullptr && p.nnz == p.batch_size;
   const auto s = static_cast<cudaStream_t>(stream);
   const bool programmatic = programmatic_launch::enabled_on_current_device();
   const dim3 grid{uint32_t(ctas)}, threads{kWarps * kLanes};

@@ -1,9 +1,8 @@
 // CUDA registration of nvfp4kv::dequantize.
-#include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
 #include "../dequantize_arguments.h"
-#include "current_stream.h"
+#include "device_launch.h"
 #include "kernels.h"
 
 namespace nvfp4kv {
@@ -13,11 +12,7 @@ namespace {
 void dequantize_cuda(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   BoxedArguments boxed(stack, num_args, num_outputs);
   const DequantizeCall call = prepare_dequantize(boxed);  // allocates on the inputs' device
-  const int32_t device = call.packed.get_device_index();
-  const torch::stable::accelerator::DeviceGuard guard(device);
-  const char* error_string = nullptr;
-  const int error = launch_dequantize(call.params, current_cuda_stream(device), &error_string);
-  check_cuda_launch(error, error_string, "dequantize");
+  launch_on_device(launch_dequantize, call.params, call.packed.get_device_index(), "dequantize");
   boxed.return_tensor(call.out);
 }
 
