@@ -573,13 +573,13 @@ SCALE_BAD = [
     (True, TypeError, "must be a float or a one-element float32 tensor, got bool"),
     ("1.0", TypeError, "must be a float or a one-element float32 tensor, got str"),
     (None, TypeError, "must be a float or a one-element float32 tensor, got NoneType"),
-    (0.0, ValueError, "must be a positive finite float32 value, got 0.0"),
-    (0, ValueError, "must be a positive finite float32 value, got 0"),
-    (-1.0, ValueError, "must be a positive finite float32 value, got -1.0"),
-    (math.nan, ValueError, "must be a positive finite float32 value, got nan"),
-    (math.inf, ValueError, "must be a positive finite float32 value, got inf"),
-    (1e39, ValueError, "must be a positive finite float32 value"),  # inf in float32
-    (1e-46, ValueError, "must be a positive finite float32 value"),  # 0 in float32
+    (0.0, ValueError, "must be a positive finite global decode scale in float32, got 0.0"),
+    (0, ValueError, "must be a positive finite global decode scale in float32, got 0"),
+    (-1.0, ValueError, "must be a positive finite global decode scale in float32, got -1.0"),
+    (math.nan, ValueError, "must be a positive finite global decode scale in float32, got nan"),
+    (math.inf, ValueError, "must be a positive finite global decode scale in float32, got inf"),
+    (1e39, ValueError, "must be a positive finite global decode scale in float32"),  # inf in float32
+    (1e-46, ValueError, "must be a positive finite global decode scale in float32"),  # 0 in float32
     (
         torch.full([HEAD_DIM], 0.5),
         ValueError,

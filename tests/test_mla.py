@@ -12,6 +12,7 @@ import itertools
 import pytest
 import torch
 from conftest import seed_of
+from torch._inductor.utils import run_and_get_code
 
 import nvfp4kv
 from nvfp4kv import reference_mla
@@ -340,3 +341,44 @@ def test_cuda_graph_replay_reads_device_scales():
     reference_mla.nvfp4_quantize_append_paged_mla_kv_cache(*expected.args()[:-2], case.ckv_scale * 2,
                                                            case.kpe_scale * 2)  # fmt: skip
     assert torch.equal(ours.cache_bytes(), expected.cache_bytes())
+
+
+def test_compiled_op_writes_the_caches_in_place():
+    """Inductor calls the op once on the graph inputs: no clone, copy or fresh buffer stands in for a cache."""
+    torch._dynamo.reset()
+    case, eager = make_mla_case(seed=15), make_mla_case(seed=15)
+    compiled = torch.compile(nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache, fullgraph=True)
+    _, codes = run_and_get_code(compiled, *case.args())
+    nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache(*eager.args())
+    assert torch.equal(case.cache_bytes(), eager.cache_bytes())
+    code = "\n".join(codes)
+    assert sum("torch.ops.nvfp4kv.append_paged_mla_kv_cache" in line for line in code.splitlines()) == 1, code
+    assert "copy_" not in code and "clone" not in code, code
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_no_synchronisation_and_no_allocation_on_cuda():
+    if not nvfp4kv.library.has_cuda_kernels():
+        pytest.skip("no CUDA kernels in this build")
+    case = make_mla_case(decode=True, batch_size=8, seed=16).to("cuda")
+    ckv_scale = torch.tensor([case.ckv_scale], device="cuda")
+    slots = case.slot_mapping()  # built before the measured calls (it allocates)
+
+    def calls():
+        nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache(*case.args())
+        nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache(*case.args()[:-2], ckv_scale, case.kpe_scale)
+        nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping(
+            case.append_ckv, case.append_kpe, slots, *case.caches(), case.ckv_scale, case.kpe_scale
+        )
+
+    calls()  # warm-up (first-call work of torch and of the library)
+    torch.cuda.synchronize()
+    allocations = torch.cuda.memory_stats()["allocation.all.allocated"]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            calls()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocations
+    torch.cuda.synchronize()

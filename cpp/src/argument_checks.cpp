@@ -139,7 +139,7 @@ int64_t element_size(ScalarType type) {
 float checked_global_scale(const char* op, const char* name, double scale) {
   const float value = static_cast<float>(scale);
   if (!(value > 0.0f) || !std::isfinite(value)) {
-    fail(op, name, " must be a positive finite float32 value, got ", scale);
+    fail(op, name, " must be a positive finite global decode scale in float32, got ", scale);
   }
   return value;
 }

@@ -155,7 +155,9 @@ def _dequantize_scale(op: str, name: str, scale: Scale, device: torch.device) ->
     value, tensor = scale_argument(op, name, scale)
     if tensor is None:
         if not 0.0 < float(torch.tensor(value, dtype=torch.float32)) < float("inf"):
-            raise ValueError(f"nvfp4kv.{op}: {name} must be a positive finite float32 value, got {scale}")
+            raise ValueError(
+                f"nvfp4kv.{op}: {name} must be a positive finite global decode scale in float32, got {scale}"
+            )
         return value
     if tensor.dtype != torch.float32 or tensor.numel() != 1 or tensor.device != device:
         raise ValueError(

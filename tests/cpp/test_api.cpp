@@ -251,7 +251,7 @@ TEST(Errors, SameMessagesAsPython) {
       op + "kv_layout must be \"NHD\" or \"HND\", got \"NDH\"");
   expect_error(
       c, [&] { append(c.cache, c.cache_sf, 0.0, "NHD"); },
-      op + "k_scale must be a positive finite float32 value, got 0");
+      op + "k_scale must be a positive finite global decode scale in float32, got 0");
   expect_error(
       c, [&] { append(c.cache, c.cache_sf, c.k_scale, "HND"); },
       op +
