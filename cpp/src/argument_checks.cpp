@@ -119,6 +119,8 @@ std::string dtype_name(ScalarType type) {
     case ScalarType::Int7: return "int7";
     case ScalarType::Float8_e8m0fnu: return "float8_e8m0fnu";
     case ScalarType::Float4_e2m1fn_x2: return "float4_e2m1fn_x2";
+    // Codes newer than the torch headers this builds against (the stable ABI passes them through):
+    case static_cast<ScalarType>(46): return "bcomplex32";  // torch 2.14
     default: return "an unknown dtype (scalar type code " + std::to_string(int(type)) + ")";
   }
 }
