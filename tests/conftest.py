@@ -125,3 +125,19 @@ def misaligned_copy(t: torch.Tensor, offset_elements: int) -> torch.Tensor:
     view = flat[offset_elements:].view(t.shape)
     view.copy_(t)
     return view
+
+
+def assert_no_synchronisation_or_allocation(calls) -> None:
+    """After one warm-up (first-call work of torch and of the library), three rounds of calls() on CUDA neither
+    synchronise with the host (torch's sync debug mode raises) nor allocate device memory."""
+    calls()
+    torch.cuda.synchronize()
+    allocations = torch.cuda.memory_stats()["allocation.all.allocated"]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            calls()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocations
+    torch.cuda.synchronize()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_caches, has_cuda
+from conftest import assert_no_synchronisation_or_allocation, assert_same_caches, has_cuda
 
 import nvfp4kv
 
@@ -174,17 +174,7 @@ def test_no_synchronisation_and_no_allocation():
             slot_case.v_scale,
         )
 
-    calls()  # warm-up (first-call work of torch and of the library)
-    torch.cuda.synchronize()
-    allocations = torch.cuda.memory_stats()["allocation.all.allocated"]
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            calls()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocations
-    torch.cuda.synchronize()
+    assert_no_synchronisation_or_allocation(calls)
 
 
 # --- CUDA graphs -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import seed_of
+from conftest import assert_no_synchronisation_or_allocation, seed_of
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4kv
@@ -371,14 +371,4 @@ def test_no_synchronisation_and_no_allocation_on_cuda():
             case.append_ckv, case.append_kpe, slots, *case.caches(), case.ckv_scale, case.kpe_scale
         )
 
-    calls()  # warm-up (first-call work of torch and of the library)
-    torch.cuda.synchronize()
-    allocations = torch.cuda.memory_stats()["allocation.all.allocated"]
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            calls()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocations
-    torch.cuda.synchronize()
+    assert_no_synchronisation_or_allocation(calls)

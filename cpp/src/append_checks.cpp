@@ -321,13 +321,8 @@ AppendParams check_append_arguments(const AppendArguments& args) {
                  {args.caches.v_cache_sf ? &*args.caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
 
   // Index tensors: 1-D int32/int64, used as given.
-  const PageTable table = check_page_table(op, args.batch_indices, args.positions, args.kv_indices, args.kv_indptr,
-                                           args.kv_last_page_len, p.nnz, "append_key");
-  p.batch_indices = table.batch_indices;
-  p.positions = table.positions;
-  p.kv_indices = table.kv_indices;
-  p.kv_indptr = table.kv_indptr;
-  p.batch_size = table.batch_size;
+  set_page_table(p, check_page_table(op, args.batch_indices, args.positions, args.kv_indices, args.kv_indptr,
+                                     args.kv_last_page_len, p.nnz, "append_key"));
 
   const WrittenCaches written = check_caches(op, args.caches, nhd, p);
   check_scales(op, args.options, args.append_key, p);

@@ -110,6 +110,15 @@ void check_scales(const char* op, const MlaScaleArguments& s, const TensorInfo& 
   p.kpe_scale_device = check_scale(op, "kpe_scale", s.kpe_scale, s.kpe_scale_tensor, ckv, "append_ckv", p.kpe_scale);
 }
 
+// The caches, their overlaps and the scales, in that order (what both ops check after their index tensors).
+WrittenRanges check_caches_and_scales(const char* op, const MlaCacheArguments& caches, const MlaScaleArguments& scales,
+                                      const TensorInfo& ckv, MlaParams& p) {
+  check_caches(op, caches, p);
+  const WrittenRanges written = check_written_disjoint(op, caches);
+  check_scales(op, scales, ckv, p);
+  return written;
+}
+
 const TensorInfo* optional(const std::optional<TensorInfo>& t) { return t ? &*t : nullptr; }
 
 MlaCacheArguments read_caches(BoxedArguments& boxed) { return {boxed.tensor(), boxed.tensor(), boxed.tensor()}; }
@@ -148,16 +157,9 @@ MlaParams check_mla_append_arguments(const MlaAppendArguments& args) {
                  {&args.kv_indices, "kv_indices"},
                  {&args.kv_indptr, "kv_indptr"},
                  {&args.kv_last_page_len, "kv_last_page_len"}});
-  const PageTable table = check_page_table(op, args.batch_indices, args.positions, args.kv_indices, args.kv_indptr,
-                                           args.kv_last_page_len, p.nnz, "append_ckv");
-  p.batch_indices = table.batch_indices;
-  p.positions = table.positions;
-  p.kv_indices = table.kv_indices;
-  p.kv_indptr = table.kv_indptr;
-  p.batch_size = table.batch_size;
-  check_caches(op, args.caches, p);
-  const WrittenRanges written = check_written_disjoint(op, args.caches);
-  check_scales(op, args.scales, args.append_ckv, p);
+  set_page_table(p, check_page_table(op, args.batch_indices, args.positions, args.kv_indices, args.kv_indptr,
+                                     args.kv_last_page_len, p.nnz, "append_ckv"));
+  const WrittenRanges written = check_caches_and_scales(op, args.caches, args.scales, args.append_ckv, p);
   check_reads_disjoint(op, written,
                        {{&args.append_ckv, "append_ckv"},
                         {&args.append_kpe, "append_kpe"},
@@ -187,9 +189,7 @@ MlaParams check_mla_append_with_slot_mapping_arguments(const MlaAppendWithSlotMa
          args.slot_mapping.size(0));
   }
   p.nnz = args.slot_mapping.size(0);  // only the first slot_mapping.shape[0] rows are appended
-  check_caches(op, args.caches, p);
-  const WrittenRanges written = check_written_disjoint(op, args.caches);
-  check_scales(op, args.scales, args.append_ckv, p);
+  const WrittenRanges written = check_caches_and_scales(op, args.caches, args.scales, args.append_ckv, p);
   check_reads_disjoint(op, written,
                        {{&args.append_ckv, "append_ckv"},
                         {&args.append_kpe, "append_kpe"},

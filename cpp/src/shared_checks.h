@@ -32,6 +32,16 @@ PageTable check_page_table(const char* op, const TensorInfo& batch_indices, cons
                            const TensorInfo& kv_indices, const TensorInfo& kv_indptr,
                            const TensorInfo& kv_last_page_len, int64_t nnz, const char* rows);
 
+// Into AppendParams or MlaParams, which name the page-table fields alike (see resolve_row_target).
+template <typename Params>
+void set_page_table(Params& p, const PageTable& t) {
+  p.batch_indices = t.batch_indices;
+  p.positions = t.positions;
+  p.kv_indices = t.kv_indices;
+  p.kv_indptr = t.kv_indptr;
+  p.batch_size = t.batch_size;
+}
+
 // Every given tensor on the device of `reference`, the argument named `reference_name`.
 void check_devices(const char* op, const TensorInfo& reference, const char* reference_name, NamedTensors tensors);
 

@@ -18,12 +18,26 @@ _APPEND_OP = _APPEND._op
 _APPEND_WITH_SLOT_MAPPING_OP = _APPEND_WITH_SLOT_MAPPING._op
 
 
+def _page_table_tensors(append_ckv, append_kpe, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len):
+    return (("append_ckv", append_ckv), ("append_kpe", append_kpe), ("batch_indices", batch_indices),
+            ("positions", positions), ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
+            ("kv_last_page_len", kv_last_page_len))  # fmt: skip
+
+
+def _slot_tensors(append_ckv, append_kpe, slot_mapping):
+    return (("append_ckv", append_ckv), ("append_kpe", append_kpe), ("slot_mapping", slot_mapping))
+
+
+def _check_types(op: str, named_tensors, caches) -> None:
+    check_python_types(op, (*named_tensors, *zip(_MLA_CACHE_NAMES, caches)), ())
+
+
 def _scales_and_checks(op: str, named_tensors, caches, ckv_scale: Scale, kpe_scale: Scale):
     """(ckv_scale, kpe_scale) floats and (ckv_scale_tensor, kpe_scale_tensor), after the Python type checks and,
     while TorchDynamo traces, the shared-storage refusal."""
     ckv_value, ckv_tensor = scale_argument(op, "ckv_scale", ckv_scale)
     kpe_value, kpe_tensor = scale_argument(op, "kpe_scale", kpe_scale)
-    check_python_types(op, (*named_tensors, *zip(_MLA_CACHE_NAMES, caches)), ())
+    _check_types(op, named_tensors, caches)
     if is_dynamo_compiling():
         reads = (*named_tensors, ("ckv_scale", ckv_tensor), ("kpe_scale", kpe_tensor))
         refuse_shared_storage(op, list(zip(caches, _MLA_CACHE_NAMES)), reads, _same_base, _MLA_ADVICE)
@@ -63,15 +77,13 @@ def nvfp4_quantize_append_paged_mla_kv_cache(
             _APPEND_OP(append_ckv, append_kpe, batch_indices, positions, ckv_cache, ckv_sf_cache, kpe_cache,
                        kv_indices, kv_indptr, kv_last_page_len, ckv_scale, kpe_scale)  # fmt: skip
         except (TypeError, RuntimeError):
-            named = (("append_ckv", append_ckv), ("append_kpe", append_kpe), ("batch_indices", batch_indices),
-                     ("positions", positions), ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
-                     ("kv_last_page_len", kv_last_page_len))  # fmt: skip
-            check_python_types(op, (*named, *zip(_MLA_CACHE_NAMES, (ckv_cache, ckv_sf_cache, kpe_cache))), ())
+            named = _page_table_tensors(append_ckv, append_kpe, batch_indices, positions, kv_indices, kv_indptr,
+                                        kv_last_page_len)  # fmt: skip
+            _check_types(op, named, (ckv_cache, ckv_sf_cache, kpe_cache))
             raise
         return
-    named = (("append_ckv", append_ckv), ("append_kpe", append_kpe), ("batch_indices", batch_indices),
-             ("positions", positions), ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
-             ("kv_last_page_len", kv_last_page_len))  # fmt: skip
+    named = _page_table_tensors(append_ckv, append_kpe, batch_indices, positions, kv_indices, kv_indptr,
+                                kv_last_page_len)  # fmt: skip
     caches = (ckv_cache, ckv_sf_cache, kpe_cache)
     scales, scale_tensors = _scales_and_checks(op, named, caches, ckv_scale, kpe_scale)
     if debug_checks.ENABLED:
@@ -107,11 +119,10 @@ def nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping(
             _APPEND_WITH_SLOT_MAPPING_OP(append_ckv, append_kpe, slot_mapping, ckv_cache, ckv_sf_cache, kpe_cache,
                                          ckv_scale, kpe_scale)  # fmt: skip
         except (TypeError, RuntimeError):
-            named = (("append_ckv", append_ckv), ("append_kpe", append_kpe), ("slot_mapping", slot_mapping))
-            check_python_types(op, (*named, *zip(_MLA_CACHE_NAMES, (ckv_cache, ckv_sf_cache, kpe_cache))), ())
+            _check_types(op, _slot_tensors(append_ckv, append_kpe, slot_mapping), (ckv_cache, ckv_sf_cache, kpe_cache))
             raise
         return
-    named = (("append_ckv", append_ckv), ("append_kpe", append_kpe), ("slot_mapping", slot_mapping))
+    named = _slot_tensors(append_ckv, append_kpe, slot_mapping)
     caches = (ckv_cache, ckv_sf_cache, kpe_cache)
     scales, scale_tensors = _scales_and_checks(op, named, caches, ckv_scale, kpe_scale)
     if debug_checks.ENABLED:

@@ -137,16 +137,7 @@ class MlaInputSets:
         self.sets = []
         for i in range(count):
             latent = torch.randn(case.nnz, c + r, generator=g, device="cuda").to(DTYPE)  # one projection output
-            page_ids = i * pages_per_set + torch.randperm(pages_per_set, generator=g, device="cuda")
-            indptr = torch.arange(0, requests + 1, device="cuda") * pages_per_request
-            if case.kind == "decode":
-                last = torch.randint(1, page + 1, (requests,), generator=g, device="cuda")
-                positions = (pages_per_request - 1) * page + last - 1
-                batch = torch.arange(requests, device="cuda")
-            else:
-                last = torch.full((requests,), (case.tokens_per_request - 1) % page + 1, device="cuda")
-                positions = torch.arange(case.tokens_per_request, device="cuda").repeat(requests)
-                batch = torch.arange(requests, device="cuda").repeat_interleave(case.tokens_per_request)
+            page_ids, indptr, last, batch, positions = _page_table(case, i * pages_per_set, g)
             as32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
             self.sets.append(
                 dict(
@@ -170,6 +161,24 @@ class MlaInputSets:
         )  # fmt: skip
 
 
+def _page_table(case: Case, first_page: int, g: torch.Generator):
+    """One input set's page table over pages first_page .. first_page + requests * pages_per_request - 1:
+    (page_ids, kv_indptr, kv_last_page_len, batch_indices, positions), int64 on the GPU. Decode rows land at the
+    last slot of a random-length request; prefill rows fill whole requests."""
+    requests, pages_per_request, page = case.requests, case.pages_per_request, case.page_size
+    page_ids = first_page + torch.randperm(requests * pages_per_request, generator=g, device="cuda")
+    indptr = torch.arange(0, requests + 1, device="cuda") * pages_per_request
+    if case.kind == "decode":
+        last = torch.randint(1, page + 1, (requests,), generator=g, device="cuda")
+        positions = (pages_per_request - 1) * page + last - 1
+        batch = torch.arange(requests, device="cuda")
+    else:
+        last = torch.full((requests,), (case.tokens_per_request - 1) % page + 1, device="cuda")
+        positions = torch.arange(case.tokens_per_request, device="cuda").repeat(requests)
+        batch = torch.arange(requests, device="cuda").repeat_interleave(case.tokens_per_request)
+    return page_ids, indptr, last, batch, positions
+
+
 class InputSets:
     """`count` independent input sets of one case: keys, values and index tensors, each addressing its
     own pages of one shared (K, V) cache, so no two sets touch the same bytes."""
@@ -190,21 +199,11 @@ class InputSets:
         self.layout = case.layout
         self.case = case
         self.sets = []
-        # Decode rows land at the last slot of a random-length request; prefill rows fill whole requests.
         for i in range(count):
             key = torch.randn(case.nnz, case.heads, case.head_dim, generator=g, device="cuda", dtype=torch.float32)
             value = torch.randn(case.nnz, case.heads, case.head_dim, generator=g, device="cuda", dtype=torch.float32)
             key, value = key.to(DTYPE), value.to(DTYPE)
-            page_ids = i * pages_per_set + torch.randperm(pages_per_set, generator=g, device="cuda")
-            indptr = torch.arange(0, requests + 1, device="cuda") * pages_per_request
-            if case.kind == "decode":
-                last = torch.randint(1, PAGE_SIZE + 1, (requests,), generator=g, device="cuda")
-                positions = (pages_per_request - 1) * PAGE_SIZE + last - 1
-                batch = torch.arange(requests, device="cuda")
-            else:
-                last = torch.full((requests,), (case.tokens_per_request - 1) % PAGE_SIZE + 1, device="cuda")
-                positions = torch.arange(case.tokens_per_request, device="cuda").repeat(requests)
-                batch = torch.arange(requests, device="cuda").repeat_interleave(case.tokens_per_request)
+            page_ids, indptr, last, batch, positions = _page_table(case, i * pages_per_set, g)
             as32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
             pages = page_ids[indptr[batch] + positions // PAGE_SIZE]
             self.sets.append(
