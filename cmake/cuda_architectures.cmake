@@ -9,7 +9,7 @@ set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 
 # What each cubin carries: line tables for the profilers (ncu source view; the sm_90 cubin of the K/V append
 # kernel is 4x larger with them, its SASS identical), and compression of the cubins too, not only of the PTX
-# (the driver decompresses them when it loads the module). docs/PERFORMANCE.md section 11 has the sizes.
+# (the driver decompresses them when it loads the module). docs/WHEEL.md has the sizes.
 option(NVFP4KV_CUDA_LINEINFO "Line tables in the cubins (-lineinfo)" ON)
 option(NVFP4KV_COMPRESS_FATBIN "Compress every image of the fat binary, cubins included" OFF)
 set(NVFP4KV_CUDA_FATBIN_OPTIONS "")

@@ -7,7 +7,7 @@
 # grafting anything: libtorch_cpu.so / libc10.so come from the user's torch, the CUDA runtime is linked
 # statically. It links against glibc 2.28's stub libraries (cmake/glibc_stubs.cmake), so its symbol versions
 # allow manylinux_2_28, the policy of torch's own wheels; a build that needs more fails here. Its cubins carry
-# no line tables and are compressed (docs/PERFORMANCE.md section 11).
+# no line tables and are compressed (docs/WHEEL.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-dist}
@@ -18,6 +18,8 @@ unrepaired=$(mktemp -d)
 python -m pip wheel -q --no-build-isolation --no-deps -w "$unrepaired" \
   -C cmake.define.NVFP4KV_GLIBC_VERSION=$glibc -C cmake.define.NVFP4KV_CUDA_LINEINFO=OFF \
   -C cmake.define.NVFP4KV_COMPRESS_FATBIN=ON -C build-dir="build/release-$policy" .
-auditwheel repair --exclude 'libtorch*' --exclude 'libc10*' --plat "$policy" -w "$out" "$unrepaired"/nvfp4kv-*.whl
+# --only-plat: the policy of the glibc linked against, not the older ones its symbol versions happen to allow.
+auditwheel repair --exclude 'libtorch*' --exclude 'libc10*' --plat "$policy" --only-plat -w "$out" \
+  "$unrepaired"/nvfp4kv-*.whl
 rm -rf "$unrepaired"
 auditwheel show "$out"/nvfp4kv-*-"$policy".whl
