@@ -22,4 +22,15 @@ python -m pip wheel -q --no-build-isolation --no-deps -w "$unrepaired" \
 auditwheel repair --exclude 'libtorch*' --exclude 'libc10*' --plat "$policy" --only-plat -w "$out" \
   "$unrepaired"/nvfp4kv-*.whl
 rm -rf "$unrepaired"
-auditwheel show "$out"/nvfp4kv-*-"$policy".whl
+wheel=$(ls "$out"/nvfp4kv-*-"$policy".whl)
+auditwheel show "$wheel"
+# show's overall tag stays linux_x86_64: it cannot know that libtorch_cpu.so (and libc10.so) come from the user's
+# torch. So: nothing else is external, and the symbol versions alone allow the policy.
+auditwheel show --json "$wheel" | python -c '
+import json, sys
+show, policy = json.load(sys.stdin), sys.argv[1]
+tag, others = show["sym_tag"], set(show["external_libs"]) - {"libtorch_cpu.so", "libc10.so"}
+glibc = lambda name: tuple(int(part) for part in name.split("_")[1:3])
+if others or glibc(tag) > glibc(policy):
+    sys.exit(f"release wheel: symbol versions allow {tag}, external libraries {sorted(others)}: not {policy}")
+print(f"release wheel: symbol versions allow {tag}, no external library but torch: {policy}")' "$policy"
