@@ -13,6 +13,9 @@ namespace append_kernel {
 
 // Mirrors resolve_row_target (append_params.h) and its bounds contract exactly,
 // with every load index clamped into its tensor instead of early returns.
+// Params is AppendParams or MlaParams (mla_params.h): the index views, batch_size, page_size and
+// num_pages; Args is LaunchArgs or the MLA kernels' launch arguments: page_size (a Divisor),
+// quotient_limit and speculate_batch.
 
 // Index element i: `Index` is int32_t or int64_t when the host saw that dtype on every index tensor
 // (one load), void for a mix (IndexView picks per tensor).
@@ -28,8 +31,8 @@ __device__ __forceinline__ int64_t read_index(const IndexView& v, int64_t i) {
 // v / page_size for v >= 0; 0 for v < 0 (padding slots, bad positions: their rows are skipped anyway).
 // Index values read as int32 are below 2^31, so they need no 64-bit path and no branch (a decode
 // row's latency): below quotient_limit when it is set, and below page_size (quotient 0) when not.
-template <typename Index>
-__device__ __forceinline__ uint64_t page_quotient(int64_t v, const AppendParams& p, const LaunchArgs& a) {
+template <typename Index, typename Params, typename Args>
+__device__ __forceinline__ uint64_t page_quotient(int64_t v, const Params& p, const Args& a) {
   if constexpr (std::is_same_v<Index, int32_t>) {
     const uint32_t q = a.page_size.div(uint32_t(v < 0 ? 0 : v));
     return a.quotient_limit != 0 ? q : 0;
@@ -57,9 +60,8 @@ struct RowIndexAddresses {
   const Index* last = nullptr;
 };
 
-template <typename Index>
-__device__ __forceinline__ RowIndexAddresses<Index> row_index_addresses(const AppendParams& p, const LaunchArgs& a,
-                                                                        int64_t row) {
+template <typename Index, typename Params, typename Args>
+__device__ __forceinline__ RowIndexAddresses<Index> row_index_addresses(const Params& p, const Args& a, int64_t row) {
   RowIndexAddresses<Index> s;
   if constexpr (!std::is_void_v<Index>) {
     const auto at = [](const IndexView& v, int64_t i) { return static_cast<const Index*>(v.data) + i * v.stride; };
@@ -80,8 +82,8 @@ __device__ __forceinline__ RowIndexAddresses<Index> row_index_addresses(const Ap
 // Level 1's loads through the views: the pair kernel's chain warp, right after its wait. It keeps the
 // form measured in v9 (7fbc0e8): giving it the other kernels' forms (row_index_addresses, and kLoadFirst
 // below) cost page-table prefill 4-9% at nnz 4096 and at D=64 (docs/PERFORMANCE.md v12d, 2026-12-02).
-template <typename Index>
-__device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, const LaunchArgs& a, int64_t row) {
+template <typename Index, typename Params, typename Args>
+__device__ __forceinline__ RowIndices load_row_indices(const Params& p, const Args& a, int64_t row) {
   RowIndices r{0, 0, 0, 0};
   if (p.slot_mapping.data != nullptr) {
     r.b = read_index<Index>(p.slot_mapping, row);
@@ -97,8 +99,8 @@ __device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, co
 }
 
 // The same loads from addresses computed before the wait (row_index_addresses; void: through the views).
-template <typename Index>
-__device__ __forceinline__ RowIndices load_row_indices(const AppendParams& p, const LaunchArgs& a, int64_t row,
+template <typename Index, typename Params, typename Args>
+__device__ __forceinline__ RowIndices load_row_indices(const Params& p, const Args& a, int64_t row,
                                                        const RowIndexAddresses<Index>& s) {
   if constexpr (std::is_void_v<Index>) {
     return load_row_indices<Index>(p, a, row);
@@ -126,9 +128,8 @@ struct Target {
 // into kv_indices (size >= 1: the host checks); a row whose checks fail is skipped and its id unused.
 // Otherwise the checks come first and a failed row loads element 0 (the pair kernel's chain warp,
 // whose latency is hidden by the quantizing warps: its code is kept as measured, see load_row_indices).
-template <typename Index, bool kLoadFirst>
-__device__ __forceinline__ Target start_target(const AppendParams& p, const LaunchArgs& a, int64_t row,
-                                               const RowIndices& r) {
+template <typename Index, bool kLoadFirst, typename Params, typename Args>
+__device__ __forceinline__ Target start_target(const Params& p, const Args& a, int64_t row, const RowIndices& r) {
   using QuotientIndex = std::conditional_t<kLoadFirst, Index, void>;  // the chain warp keeps its measured code
   Target t;
   if (p.slot_mapping.data != nullptr) {
@@ -160,7 +161,8 @@ __device__ __forceinline__ Target start_target(const AppendParams& p, const Laun
   return t;
 }
 
-__device__ __forceinline__ bool finish_target(const AppendParams& p, const Target& t) {
+template <typename Params>
+__device__ __forceinline__ bool finish_target(const Params& p, const Target& t) {
   return t.ok && t.page >= 0 && t.page < p.num_pages;
 }
 
