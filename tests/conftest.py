@@ -10,6 +10,7 @@ of the reference oracle (tests/reference_source.py) run without the compiled lib
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import zlib
 
@@ -30,6 +31,23 @@ def devices() -> tuple:
 def has_cuda() -> bool:
     """A CUDA GPU and a build with the CUDA kernels."""
     return "cuda" in devices()
+
+
+def force_kernel_mode(mode: str) -> None:
+    """The library's test hook (cpp/src/cuda/build_info.cpp): every aligned call runs `mode`
+    ("auto", "pair", "split", "oneshot"; cpp/src/cuda/kernel_mode.h says what each means per op)."""
+    import nvfp4kv
+
+    hook = ctypes.CDLL(str(nvfp4kv.library.library_path())).nvfp4kv_test_force_kernel_mode
+    assert hook(mode.encode()) == 0, mode
+
+
+@pytest.fixture
+def forced_kernel_mode(request):
+    """Forces the kernel mode given as the indirect parameter for one test, then restores "auto"."""
+    force_kernel_mode(request.param)
+    yield request.param
+    force_kernel_mode("auto")
 
 
 def pytest_generate_tests(metafunc):

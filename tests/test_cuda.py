@@ -7,7 +7,6 @@ Every comparison is over the WHOLE storage behind each cache (append_cases.cache
 as random bytes, so a byte written in the wrong place, or not written, fails.
 """
 
-import ctypes
 import os
 import re
 import shutil
@@ -39,19 +38,6 @@ def cuda_tool(name: str):
 
 
 # --- kernel modes and programmatic launch ------------------------------------------------------------
-
-
-def force_kernel_mode(mode: str) -> None:
-    """The library's test hook (cpp/src/cuda/build_info.cpp): every aligned call runs `mode`."""
-    hook = ctypes.CDLL(str(nvfp4kv.library.library_path())).nvfp4kv_test_force_kernel_mode
-    assert hook(mode.encode()) == 0, mode
-
-
-@pytest.fixture
-def forced_kernel_mode(request):
-    force_kernel_mode(request.param)
-    yield request.param
-    force_kernel_mode("auto")
 
 
 FORCED_MODE_CASES = (

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import assert_no_synchronisation_or_allocation, seed_of
+from conftest import assert_no_synchronisation_or_allocation, has_cuda, seed_of
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4kv
@@ -55,7 +55,8 @@ def test_matches_reference(ckv_dim, kpe_dim, page_size, decode, device):
 
 
 def test_large_call_matches_reference(device):
-    """A call of more than 4096 rows with an odd row count (the CUDA grid is then many CTAs of 8 rows)."""
+    """A call of more than 4096 rows with an odd row count (CUDA runs its chain kernel: many CTAs, a partial
+    last one)."""
     case = make_mla_case(batch_size=41, max_tokens=400, page_size=64, seed=32)
     assert case.append_ckv.shape[0] >= 4096 and case.append_ckv.shape[0] % 2 == 1, case.append_ckv.shape
     assert_mla_matches(case, device, what="seed 32")
@@ -318,6 +319,46 @@ def test_debug_mode_names_a_bad_row():
             nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache(*case.args())
     finally:
         nvfp4kv.set_debug_checks(False)
+
+
+def forced_mode_cases():
+    """(label, case, slot_mapping) for the forced-kernel test: every geometry, decode and prefill, the input and
+    cache forms, bad rows, and indices of mixed dtypes (read element by element)."""
+    for c, r, page_size in GEOMETRIES:
+        for decode in (False, True):
+            seed = seed_of(c, r, page_size, decode)
+            case = make_mla_case(ckv_dim=c, kpe_dim=r, page_size=page_size, decode=decode, seed=seed)
+            yield f"C{c} R{r} page {page_size} decode {decode}", case, False
+    for dtype, index_dtype, projection, pool, kpe in FORMS[::3]:
+        kpe = dtype if kpe == "input" else kpe
+        label = f"{dtype} {index_dtype} projection {projection} pool {pool} kpe {kpe}"
+        case = make_mla_case(dtype=dtype, index_dtype=index_dtype, projection=projection, pool=pool,
+                             kpe_cache_dtype=kpe, seed=seed_of(label))  # fmt: skip
+        yield label, case, False
+        yield label + " slots", case, True
+    bad = make_mla_case(decode=True, batch_size=6, seed=3)
+    bad.batch_indices[0], bad.positions[2] = -1, 10**6
+    bad.kv_indices[bad.kv_indptr[4]] = bad.ckv_cache.shape[0]
+    yield "bad rows", bad, False
+    mixed = make_mla_case(batch_size=5, seed=21)
+    yield "int64 positions", dataclasses.replace(mixed, positions=mixed.positions.long()), False
+    yield "int64 indptr", dataclasses.replace(mixed, kv_indptr=mixed.kv_indptr.long()), False
+
+
+@pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU and a build with the CUDA kernels")
+@pytest.mark.parametrize("forced_kernel_mode", ["split", "pair"], indirect=True)
+def test_each_cuda_kernel_matches_reference(forced_kernel_mode):
+    """The row kernel ("split") and the chain kernel ("pair") each give the reference's bytes on every kind
+    of case, whichever the call's size would choose."""
+    for label, case, slot_mapping in forced_mode_cases():
+        assert_mla_matches(case, "cuda", slot_mapping=slot_mapping, what=f"{forced_kernel_mode} {label}")
+    scales = make_mla_case(seed=8).to("cuda")
+    tensor = lambda v: torch.tensor([v], dtype=torch.float32, device="cuda")  # noqa: E731
+    expected = make_mla_case(seed=8)
+    reference_mla.nvfp4_quantize_append_paged_mla_kv_cache(*expected.args())
+    nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache(*scales.args()[:-2], tensor(scales.ckv_scale),
+                                                     tensor(scales.kpe_scale))  # fmt: skip
+    assert torch.equal(scales.cache_bytes(), expected.cache_bytes()), f"{forced_kernel_mode} device scales"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

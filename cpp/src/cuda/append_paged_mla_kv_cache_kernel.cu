@@ -1,30 +1,64 @@
-// CUDA kernel of the MLA latent appends (SPEC section 4). One warp per latent row: lane l quantizes the
-// row's ckv blocks l, l + 32, ... (NVFP4, block_quantizer.cuh; one block per lane for C = 512) and its kpe
-// values 2l, 2l + 1, 2l + 64, ... (E4M3 of one IEEE division each, or a bit copy into a 16-bit cache), so
-// that every lane of a warp does the same work and a warp's loads and stores are contiguous. The lanes
-// resolve the row's target together (their index loads are one broadcast each), through the bounds
-// contract of append_params.h. Launched with programmatic dependent launch on sm_90+.
+// CUDA kernels of the MLA latent appends (SPEC section 4). A warp quantizes a latent row: lane l owns
+// the row's ckv blocks l, l + 32, ... (NVFP4, block_quantizer.cuh; one block per lane for C = 512) and
+// its kpe values 2l, 2l + 1, 2l + 64, ... (E4M3 of one IEEE division each, or a bit copy into a 16-bit
+// cache), so that every lane of a warp does the same work and a warp's loads and stores are contiguous.
+// The lane's first block and kpe pair ("first" below; for C = 512 and R = 64 all its inputs) depend on
+// no index, so they are loaded, and quantized, while the row's target is resolved; the rest of a wider
+// row follows once the target is known.
+//
+//   row kernel (calls of at most kRowKernelMaxRows rows: decode): one row per warp, CTAs of 4 warps so
+//     that a small call spreads over many SMs. Before the programmatic wait it computes the addresses of
+//     its first loads and the reciprocal of 6 s of a ckv scale passed by value; right after it, the
+//     lane's inputs, the row's level-1 index loads and the device scales go out together; the chain
+//     (index_chain.cuh) runs up to the page id's load, and the quantizing runs while that is in flight.
+//   chain kernel (larger calls: prefill): CTAs of 32 rows and 9 warps. Warp 0 resolves the 32 rows'
+//     targets, one per lane, and publishes them through a named barrier; warps 1-8 load the inputs of
+//     4 rows each at once (4 rows' loads in flight per lane), quantize them, then wait for the targets.
+//
+// Every index load is clamped into its tensor and a row whose target fails the bounds contract of
+// append_params.h is skipped (index_chain.cuh). Launched with programmatic dependent launch on sm_90+.
+// docs/PERFORMANCE.md section 9 has the measurements.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../mla_params.h"
 #include "block_quantizer.cuh"
+#include "index_chain.cuh"
+#include "kernel_mode.h"
 #include "kernels.h"
+#include "launch_args.cuh"
 #include "programmatic_launch.cuh"
+#include "schedule_hint.cuh"
 
 namespace nvfp4kv {
 namespace {
 
-constexpr uint32_t kWarps = 8;  // rows per CTA
-constexpr uint32_t kLanes = 32;
+using append_kernel::Divisor;
+using append_kernel::RowIndexAddresses;
+using append_kernel::RowIndices;
+using append_kernel::Target;
 
-// Per-call choices made on the host.
+constexpr uint32_t kLanes = 32;
+constexpr uint32_t kRowKernelWarps = 4;  // rows per CTA of the row kernel
+constexpr uint32_t kChainRows = kLanes;  // rows per CTA of the chain kernel: one per chain lane
+constexpr uint32_t kRowsPerWarp = 4;     // chain kernel: rows per quantizing warp
+constexpr uint32_t kQuantizingWarps = kChainRows / kRowsPerWarp;
+constexpr uint32_t kChainKernelThreads = (kQuantizingWarps + 1) * kLanes;  // warp 0: the chain
+
+// Calls of at most this many rows run the row kernel (decode), larger ones the chain kernel.
+constexpr int64_t kRowKernelMaxRows = 2048;
+
+// Per-call choices made on the host. page_size, quotient_limit and speculate_batch are what
+// index_chain.cuh reads (as in LaunchArgs).
 struct MlaLaunch {
-  bool ckv_load16;       // 16-byte ckv loads (row base and stride allow them)
-  bool kpe_pairs;        // 4-byte kpe loads of value pairs, 2-byte (fp8) or 4-byte (copy) stores
-  bool ckv_store8;       // 8-byte packed-data stores
-  bool speculate_batch;  // nnz == batch_size (decode): kv_indptr[row], [row + 1] prefetched early
+  Divisor page_size;        // position or slot -> page, for values below quotient_limit
+  uint64_t quotient_limit;  // 2^31, or 0 when page_size >= 2^31 (then always a 64-bit division)
+  bool speculate_batch;     // nnz == batch_size (decode): kv_indptr[row], [row + 1] loaded with batch_indices[row]
+  bool ckv_load16;          // 16-byte ckv loads (row base and stride allow them)
+  bool kpe_pairs;           // 4-byte kpe loads of value pairs, 2-byte (fp8) or 4-byte (copy) stores
+  bool ckv_store8;          // 8-byte packed-data stores
 };
 
 template <bool kBF16>
@@ -40,6 +74,13 @@ __device__ __forceinline__ uint32_t kpe_code(float x, float s) {
   return ((__float_as_uint(y) >> 24) & 0x80u) | block_quantizer::scale_byte(fabsf(y));
 }
 
+// A kpe value pair (low half = even element) as written: two E4M3 bytes, or the pair itself (copy).
+template <bool kBF16>
+__device__ __forceinline__ uint32_t kpe_pair_out(const MlaParams& p, uint32_t pair, float s) {
+  if (!p.kpe_is_fp8) return pair;
+  return kpe_code(value_of<kBF16>(pair & 0xFFFFu), s) | kpe_code(value_of<kBF16>(pair >> 16), s) << 8;
+}
+
 // The 16 values of ckv block `block` of a row as packed words (low half = even element).
 __device__ __forceinline__ void load_block(const uint16_t* row, int64_t block, bool vector, uint32_t (&w)[8]) {
   const uint16_t* src = row + block * codec::kBlockSize;
@@ -53,95 +94,200 @@ __device__ __forceinline__ void load_block(const uint16_t* row, int64_t block, b
   for (int i = 0; i < 8; ++i) w[i] = uint32_t(__ldg(src + 2 * i)) | uint32_t(__ldg(src + 2 * i + 1)) << 16;
 }
 
-// The lane's first ckv block and first kpe pair, loaded before the row's target is known (they depend on
-// no index): for C = 512 and R = 64 they are all the lane's inputs.
-struct LaneInputs {
-  uint32_t w[8];
-  uint32_t kpe_pair;
+// The ckv global scale's quantities: s, 6 s (SPEC step 3: rounded first) and division_inverse(6 s).
+struct CkvScale {
+  float s;
+  float six_s;
+  float inverse;
+};
+
+__device__ __forceinline__ CkvScale ckv_scale_of(float s) {
+  const float six_s = __fmul_rn(codec::kE2M1MaxValue, s);
+  return {s, six_s, block_quantizer::division_inverse(six_s)};
+}
+
+struct Block {
+  uint2 packed;
+  uint8_t sf;
 };
 
 template <bool kBF16>
-__device__ __forceinline__ void append_ckv(const MlaParams& p, const MlaLaunch& a, int64_t row, uint8_t* data,
-                                           uint8_t* scales, float s, LaneInputs& first) {
-  const float six_s = __fmul_rn(codec::kE2M1MaxValue, s);
-  const float inverse = block_quantizer::division_inverse(six_s);
+__device__ __forceinline__ Block quantize_block(const uint32_t (&w)[8], const CkvScale& g) {
   const float* no_table[1] = {nullptr};
-  const uint16_t* src = p.ckv.data + row * p.ckv.row_stride;
-  const int64_t lane = threadIdx.x % kLanes;
-  for (int64_t block = lane; block < p.ckv_dim / codec::kBlockSize; block += kLanes) {
-    if (block != lane) load_block(src, block, a.ckv_load16, first.w);
-    const uint32_t (&w)[8] = first.w;
-    uint2 packed;
-    uint8_t sf;
-    block_quantizer::quantize_blocks<kBF16, 1, false>(w, &s, &six_s, &inverse, no_table, &packed, &sf);
-    uint8_t* out = data + block * codec::kBlockBytes;
-    if (a.ckv_store8) {
-      *reinterpret_cast<uint2*>(out) = packed;
-    } else {
+  Block b;
+  block_quantizer::quantize_blocks<kBF16, 1, false>(w, &g.s, &g.six_s, &g.inverse, no_table, &b.packed, &b.sf);
+  return b;
+}
+
+__device__ __forceinline__ void store_block(const MlaLaunch& a, uint8_t* data, uint8_t* scales, int64_t block,
+                                            const Block& b) {
+  uint8_t* out = data + block * codec::kBlockBytes;
+  if (a.ckv_store8) {
+    *reinterpret_cast<uint2*>(out) = b.packed;
+  } else {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) out[k] = uint8_t(packed.x >> (8 * k)), out[4 + k] = uint8_t(packed.y >> (8 * k));
-    }
-    scales[block] = sf;
+    for (int k = 0; k < 4; ++k) out[k] = uint8_t(b.packed.x >> (8 * k)), out[4 + k] = uint8_t(b.packed.y >> (8 * k));
+  }
+  scales[block] = b.sf;
+}
+
+__device__ __forceinline__ void store_kpe_pair(const MlaParams& p, uint8_t* dst, int64_t j, uint32_t out) {
+  if (p.kpe_is_fp8) {
+    *reinterpret_cast<uint16_t*>(dst + j) = uint16_t(out);
+  } else {
+    *reinterpret_cast<uint32_t*>(dst + 2 * j) = out;
   }
 }
 
+// What a row's kpe values may be written with: a bad device scale leaves an E4M3 kpe row untouched
+// (as a bad ckv scale leaves the ckv row), a bit copy needs no scale.
+__device__ __forceinline__ bool kpe_writable(const MlaParams& p, float kpe_scale) {
+  return !p.kpe_is_fp8 || usable_global_scale(kpe_scale);
+}
+
+// Where the lane's first inputs are (no global memory read: computable before the programmatic wait).
+struct LaneSources {
+  const uint16_t* ckv;  // the row's ckv values
+  const uint32_t* kpe;  // the lane's first kpe pair
+};
+
+__device__ __forceinline__ LaneSources lane_sources(const MlaParams& p, int64_t row, uint32_t lane) {
+  return {p.ckv.data + row * p.ckv.row_stride,
+          reinterpret_cast<const uint32_t*>(p.kpe.data + row * p.kpe.row_stride + 2 * lane)};
+}
+
+__device__ __forceinline__ bool has_first_block(const MlaParams& p, uint32_t lane) {
+  return lane < p.ckv_dim / codec::kBlockSize;
+}
+
+__device__ __forceinline__ bool has_first_pair(const MlaParams& p, const MlaLaunch& a, uint32_t lane) {
+  return a.kpe_pairs && 2 * lane < p.kpe_dim;
+}
+
+struct LaneInputs {
+  uint32_t w[8];  // ckv block `lane`
+  uint32_t kpe_pair;
+};
+
+__device__ __forceinline__ LaneInputs load_first(const MlaParams& p, const MlaLaunch& a, const LaneSources& src,
+                                                 uint32_t lane) {
+  LaneInputs in{};
+  if (has_first_block(p, lane)) load_block(src.ckv, lane, a.ckv_load16, in.w);
+  if (has_first_pair(p, a, lane)) in.kpe_pair = __ldg(src.kpe);
+  return in;
+}
+
+struct LaneOutputs {
+  Block block;
+  uint32_t kpe;  // kpe_pair_out of the first pair
+};
+
 template <bool kBF16>
-__device__ __forceinline__ void append_kpe(const MlaParams& p, const MlaLaunch& a, int64_t row, uint8_t* dst, float s,
-                                           const LaneInputs& first) {
+__device__ __forceinline__ LaneOutputs quantize_first(const MlaParams& p, const LaneInputs& in, const CkvScale& g,
+                                                      float kpe_scale) {
+  return {quantize_block<kBF16>(in.w, g), kpe_pair_out<kBF16>(p, in.kpe_pair, kpe_scale)};
+}
+
+// Everything of the lane's part of a row whose target is (page, entry): the first outputs, then the
+// blocks and kpe values beyond them (C > 512, R > 64, or kpe values that are not read as pairs).
+template <bool kBF16>
+__device__ __forceinline__ void store_row(const MlaParams& p, const MlaLaunch& a, int64_t row, uint32_t lane,
+                                          const Target& t, const LaneOutputs& out, const CkvScale& g, float kpe_scale) {
+  if (usable_global_scale(g.s)) {  // a bad device scale leaves the row's ckv untouched
+    uint8_t* data = p.ckv_data.at(t.page, t.entry);
+    uint8_t* scales = p.ckv_scales.at(t.page, t.entry);
+    if (has_first_block(p, lane)) store_block(a, data, scales, lane, out.block);
+    const uint16_t* src = p.ckv.data + row * p.ckv.row_stride;
+    for (int64_t block = lane + kLanes; block < p.ckv_dim / codec::kBlockSize; block += kLanes) {
+      uint32_t w[8];
+      load_block(src, block, a.ckv_load16, w);
+      store_block(a, data, scales, block, quantize_block<kBF16>(w, g));
+    }
+  }
+  if (!kpe_writable(p, kpe_scale)) return;
+  uint8_t* dst = p.kpe_cache.at(t.page, t.entry);
   const uint16_t* src = p.kpe.data + row * p.kpe.row_stride;
-  const bool fp8 = p.kpe_is_fp8;
-  if (fp8 && !usable_global_scale(s)) return;  // a bad device scale leaves the row's kpe untouched
-  const int64_t lane = threadIdx.x % kLanes;
   if (a.kpe_pairs) {  // kpe_dim even, pairs aligned for 4-byte loads and the stores
-    for (int64_t j = 2 * lane; j < p.kpe_dim; j += 2 * kLanes) {
-      const uint32_t pair = j == 2 * lane ? first.kpe_pair : __ldg(reinterpret_cast<const uint32_t*>(src + j));
-      if (fp8) {
-        const uint32_t lo = kpe_code(value_of<kBF16>(pair & 0xFFFFu), s), hi = kpe_code(value_of<kBF16>(pair >> 16), s);
-        *reinterpret_cast<uint16_t*>(dst + j) = uint16_t(lo | hi << 8);
-      } else {
-        *reinterpret_cast<uint32_t*>(dst + 2 * j) = pair;
-      }
+    if (has_first_pair(p, a, lane)) store_kpe_pair(p, dst, 2 * lane, out.kpe);
+    for (int64_t j = 2 * (lane + kLanes); j < p.kpe_dim; j += 2 * kLanes) {
+      const uint32_t pair = __ldg(reinterpret_cast<const uint32_t*>(src + j));
+      store_kpe_pair(p, dst, j, kpe_pair_out<kBF16>(p, pair, kpe_scale));
     }
     return;
   }
   for (int64_t j = lane; j < p.kpe_dim; j += kLanes) {
     const uint16_t bits = __ldg(src + j);
-    if (fp8) {
-      dst[j] = uint8_t(kpe_code(value_of<kBF16>(bits), s));
+    if (p.kpe_is_fp8) {
+      dst[j] = uint8_t(kpe_code(value_of<kBF16>(bits), kpe_scale));
     } else {
       reinterpret_cast<uint16_t*>(dst)[j] = bits;
     }
   }
 }
 
-template <bool kBF16>
-__global__ void __launch_bounds__(kWarps* kLanes)
-    append_paged_mla_kv_cache_kernel(const __grid_constant__ MlaParams p, const __grid_constant__ MlaLaunch a) {
+template <bool kBF16, typename Index>
+__global__ void __launch_bounds__(kRowKernelWarps* kLanes)
+    append_mla_row_kernel(const __grid_constant__ MlaParams p, const __grid_constant__ MlaLaunch a) {
+  const int64_t row = int64_t(blockIdx.x) * kRowKernelWarps + threadIdx.x / kLanes;
+  const uint32_t lane = threadIdx.x % kLanes;
+  // Addresses and the by-value scale's reciprocal before the wait, so that loads follow it at once.
+  LaneSources src = lane_sources(p, row, lane);
+  RowIndexAddresses<Index> indices = append_kernel::row_index_addresses<Index>(p, a, row);
+  CkvScale g = ckv_scale_of(p.ckv_scale);
+  compute_here(src.ckv, src.kpe, indices.b, indices.position, indices.first, indices.last, g.six_s, g.inverse);
   programmatic_launch::warm_parameter_cache(p, a);
-  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / kLanes;
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
   if (row >= p.nnz) return;
-  const int64_t lane = threadIdx.x % kLanes;
-  LaneInputs first{};
-  if (lane < p.ckv_dim / codec::kBlockSize)
-    load_block(p.ckv.data + row * p.ckv.row_stride, lane, a.ckv_load16, first.w);
-  if (a.kpe_pairs && 2 * lane < p.kpe_dim) {
-    first.kpe_pair = __ldg(reinterpret_cast<const uint32_t*>(p.kpe.data + row * p.kpe.row_stride + 2 * lane));
+  const LaneInputs in = load_first(p, a, src, lane);
+  const RowIndices r = append_kernel::load_row_indices<Index>(p, a, row, indices);
+  const float kpe_scale = mla_kpe_scale(p);
+  const float device_ckv_scale = p.ckv_scale_device ? *p.ckv_scale_device : 0.0f;
+  const Target t = append_kernel::start_target<Index, true>(p, a, row, r);
+  if (p.ckv_scale_device) g = ckv_scale_of(device_ckv_scale);  // after the chain's loads: it waits for the scale
+  const LaneOutputs out = quantize_first<kBF16>(p, in, g, kpe_scale);  // while the page id is in flight
+  if (!append_kernel::finish_target(p, t)) return;
+  store_row<kBF16>(p, a, row, lane, t, out, g, kpe_scale);
+}
+
+template <bool kBF16, typename Index>
+__global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
+    append_mla_chain_kernel(const __grid_constant__ MlaParams p, const __grid_constant__ MlaLaunch a) {
+  __shared__ Target targets[kChainRows];
+  const int64_t cta_row = int64_t(blockIdx.x) * kChainRows;
+  const uint32_t warp = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
+  programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
+  programmatic_launch::allow_next_kernel();
+  if (warp == 0) {
+    const int64_t row = cta_row + lane;
+    Target t{0, 0, false};
+    if (row < p.nnz) {
+      t = append_kernel::start_target<Index, true>(p, a, row, append_kernel::load_row_indices<Index>(p, a, row));
+    }
+    targets[lane] = t;
+    __syncwarp();
+    asm volatile("bar.arrive 1, %0;" ::"n"(kChainKernelThreads) : "memory");  // targets published
+    return;
   }
-  if (a.speculate_batch) {  // decode: request row's page range, in flight while batch_indices[row] loads
-    const int64_t stride = p.kv_indptr.stride * (p.kv_indptr.is_int64 ? 8 : 4);
-    const char* indptr = static_cast<const char*>(p.kv_indptr.data) + row * stride;
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(indptr));
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(indptr + stride));
+  const uint32_t first = (warp - 1) * kRowsPerWarp;  // the warp's rows: cta_row + first + k
+  LaneInputs in[kRowsPerWarp] = {};
+#pragma unroll
+  for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
+    const int64_t row = cta_row + first + k;
+    if (row < p.nnz) in[k] = load_first(p, a, lane_sources(p, row, lane), lane);
   }
-  int64_t page, entry;
-  if (!resolve_row_target(p, row, page, entry)) return;
-  const float ckv_scale = mla_ckv_scale(p);
-  if (usable_global_scale(ckv_scale)) {  // a bad device scale leaves the row's ckv untouched
-    append_ckv<kBF16>(p, a, row, p.ckv_data.at(page, entry), p.ckv_scales.at(page, entry), ckv_scale, first);
+  const CkvScale g = ckv_scale_of(mla_ckv_scale(p));
+  const float kpe_scale = mla_kpe_scale(p);
+  LaneOutputs out[kRowsPerWarp];
+#pragma unroll
+  for (uint32_t k = 0; k < kRowsPerWarp; ++k) out[k] = quantize_first<kBF16>(p, in[k], g, kpe_scale);
+  asm volatile("bar.sync 1, %0;" ::"n"(kChainKernelThreads) : "memory");  // wait for the targets
+#pragma unroll
+  for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
+    const int64_t row = cta_row + first + k;
+    const Target t = targets[first + k];
+    if (row < p.nnz && append_kernel::finish_target(p, t)) store_row<kBF16>(p, a, row, lane, t, out[k], g, kpe_scale);
   }
-  append_kpe<kBF16>(p, a, row, p.kpe_cache.at(page, entry), mla_kpe_scale(p), first);
 }
 
 bool aligned(const void* pointer, int64_t stride_bytes, int64_t bytes) {
@@ -152,30 +298,62 @@ bool cache_aligned(const LatentCacheView& c, int64_t bytes) {
   return aligned(c.data, c.page_stride, bytes) && c.entry_stride % bytes == 0;
 }
 
+template <bool kBF16, typename Index>
+cudaError_t launch_kernel(const MlaParams& p, const MlaLaunch& a, bool row_kernel, uint32_t ctas, cudaStream_t stream) {
+  const bool programmatic = programmatic_launch::enabled_on_current_device();
+  if (row_kernel) {
+    return programmatic_launch::launch(append_mla_row_kernel<kBF16, Index>, dim3(ctas), dim3(kRowKernelWarps * kLanes),
+                                       stream, programmatic, p, a);
+  }
+  return programmatic_launch::launch(append_mla_chain_kernel<kBF16, Index>, dim3(ctas), dim3(kChainKernelThreads),
+                                     stream, programmatic, p, a);
+}
+
+// One load per index element when every index tensor the call reads has the same dtype.
+template <bool kBF16>
+cudaError_t launch_index(const MlaParams& p, const MlaLaunch& a, bool row_kernel, uint32_t ctas, cudaStream_t stream) {
+  const bool all64 = p.slot_mapping.data != nullptr ? p.slot_mapping.is_int64
+                                                    : p.batch_indices.is_int64 && p.positions.is_int64 &&
+                                                          p.kv_indptr.is_int64 && p.kv_indices.is_int64;
+  const bool all32 = p.slot_mapping.data != nullptr ? !p.slot_mapping.is_int64
+                                                    : !p.batch_indices.is_int64 && !p.positions.is_int64 &&
+                                                          !p.kv_indptr.is_int64 && !p.kv_indices.is_int64;
+  if (all32) return launch_kernel<kBF16, int32_t>(p, a, row_kernel, ctas, stream);
+  if (all64) return launch_kernel<kBF16, int64_t>(p, a, row_kernel, ctas, stream);
+  return launch_kernel<kBF16, void>(p, a, row_kernel, ctas, stream);
+}
+
 }  // namespace
 
 int launch_append_paged_mla_kv_cache(const MlaParams& p, void* stream, const char** error_string) {
   *error_string = "";
-  if (p.nnz == 0) return cudaSuccess;
-  const uint64_t ctas = (uint64_t(p.nnz) + kWarps - 1) / kWarps;
-  if (ctas >= (uint64_t(1) << 31)) {
-    *error_string = "too many latent rows for one launch";
-    return cudaErrorInvalidValue;
-  }
+  // When no row can land anywhere there is nothing to do (and the index clamps need non-empty tensors).
+  const bool slot_mapping = p.slot_mapping.data != nullptr;
+  if (p.nnz == 0 || p.num_pages == 0) return cudaSuccess;
+  if (!slot_mapping && (p.batch_size == 0 || p.kv_indices.size == 0)) return cudaSuccess;
   MlaLaunch a{};
+  const bool small_pages = p.page_size < (int64_t(1) << 31);
+  a.page_size = Divisor::make(small_pages ? uint32_t(p.page_size) : 1u);
+  a.quotient_limit = small_pages ? uint64_t(1) << 31 : 0;
+  a.speculate_batch = !slot_mapping && p.nnz == p.batch_size;
   a.ckv_load16 = aligned(p.ckv.data, p.ckv.row_stride * 2, 16);
   const int64_t kpe_item = p.kpe_is_fp8 ? 1 : 2;
   a.kpe_pairs =
       p.kpe_dim % 2 == 0 && aligned(p.kpe.data, p.kpe.row_stride * 2, 4) && cache_aligned(p.kpe_cache, 2 * kpe_item);
   a.ckv_store8 = cache_aligned(p.ckv_data, 8);
-  a.speculate_batch = p.slot_mapping.data == nullptr && p.nnz == p.batch_size;
+  // The tests' kernel-mode hook: "split" forces the row kernel, "pair" the chain kernel.
+  const int forced = kernel_mode::forced();
+  const bool row_kernel =
+      forced == kernel_mode::kForceSplit || (forced != kernel_mode::kForcePair && p.nnz <= kRowKernelMaxRows);
+  const uint64_t rows_per_cta = row_kernel ? kRowKernelWarps : kChainRows;
+  const uint64_t ctas = (uint64_t(p.nnz) + rows_per_cta - 1) / rows_per_cta;
+  if (ctas >= (uint64_t(1) << 31)) {
+    *error_string = "too many latent rows for one launch";
+    return cudaErrorInvalidValue;
+  }
   const auto s = static_cast<cudaStream_t>(stream);
-  const bool programmatic = programmatic_launch::enabled_on_current_device();
-  const dim3 grid{uint32_t(ctas)}, threads{kWarps * kLanes};
-  const cudaError_t error =
-      p.input_is_bf16
-          ? programmatic_launch::launch(append_paged_mla_kv_cache_kernel<true>, grid, threads, s, programmatic, p, a)
-          : programmatic_launch::launch(append_paged_mla_kv_cache_kernel<false>, grid, threads, s, programmatic, p, a);
+  const cudaError_t error = p.input_is_bf16 ? launch_index<true>(p, a, row_kernel, uint32_t(ctas), s)
+                                            : launch_index<false>(p, a, row_kernel, uint32_t(ctas), s);
   if (error != cudaSuccess) *error_string = cudaGetErrorString(error);
   return int(error);
 }

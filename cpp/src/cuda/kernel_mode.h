@@ -1,5 +1,6 @@
 // Which kernel an aligned append call runs: chosen from the call's size, or forced by a test hook so
-// that one process can check every kernel mode's bytes (tests/test_cuda.py). Not a user setting.
+// that one process can check every kernel mode's bytes (tests/test_cuda.py, tests/test_mla.py). Not a
+// user setting. The MLA latent append reads it too: "split" forces its row kernel, "pair" its chain kernel.
 #pragma once
 
 #include <atomic>
