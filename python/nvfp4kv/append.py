@@ -83,7 +83,8 @@ def nvfp4_quantize_append_paged_kv_cache(
         (NHD) or [max_num_pages, num_kv_heads, page_size, head_dim // 2] (HND), or one 5-D tensor with
         K/V on dim 1. kv_cache_sf: the same with float8_e4m3fn and head_dim // 16.
     k_scale / v_scale: global decode scales (value = e2m1 * block_scale * global_scale), as floats or
-        one-element float32 tensors on the inputs' device.
+        one-element float32 tensors on the inputs' device (or on the CPU, read on the host like a float,
+        with CUDA inputs outside graph capture).
     Row i of request batch_indices[i] at logical position positions[i] goes to page
     kv_indices[kv_indptr[b] + p // page_size], entry p % page_size. See docs/SPEC.md for the bit recipe.
     v_sf_layout: "linear" (FA2/XQA kernels) or "trtllm" (V scales 4-token interleaved, for trtllm-gen).
