@@ -3,6 +3,7 @@ Every test runs on each device present (CPU in CI; CUDA as well on a GPU machine
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
@@ -346,6 +347,31 @@ def written_bytes(case) -> torch.Tensor:
 
 def cpu_scale(value: float) -> torch.Tensor:
     return torch.tensor([value], dtype=torch.float32)
+
+
+SCALE_OPS = {
+    "page_table": ("append_paged_kv_cache", "k_scale", "v_scale"),
+    "slot_mapping": ("append_paged_kv_cache_with_slot_mapping", "k_scale", "v_scale"),
+    "mla": ("append_paged_mla_kv_cache", "ckv_scale", "kpe_scale"),
+    "mla_slot_mapping": ("append_paged_mla_kv_cache_with_slot_mapping", "ckv_scale", "kpe_scale"),
+}
+
+
+@pytest.mark.parametrize("variant", SCALE_VARIANTS)
+@pytest.mark.parametrize("second", [False, True])
+@pytest.mark.parametrize("bad,shown", [(0.0, "0"), (-1.0, "-1"), (float("nan"), "nan"), (float("inf"), "inf"),
+                                       (1e39, "1e+39")])  # fmt: skip
+def test_bad_float_scale_is_named_with_flashinfers_phrase(device, variant, second, bad, shown):
+    """FlashInfer's "positive finite global decode scale", with the op, the argument and the value given."""
+    case = scale_case(variant, seed=59).to(device)
+    before = written_bytes(case)
+    op, *names = SCALE_OPS[variant]
+    scales = list(float_scales(case))
+    scales[second] = bad
+    message = f"nvfp4kv.{op}: {names[second]} must be a positive finite global decode scale in float32, got {shown}"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        append_with_scales(variant, case, *scales)
+    assert torch.equal(written_bytes(case), before)
 
 
 @pytest.mark.parametrize("variant", SCALE_VARIANTS)
