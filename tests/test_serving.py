@@ -324,18 +324,26 @@ def float_scales(case) -> tuple:
     return (case.ckv_scale, case.kpe_scale) if isinstance(case, MlaCase) else (case.k_scale, case.v_scale)
 
 
-def append_with_scales(variant: str, case, first, second) -> None:
-    """Appends `case` with the variant's op and the two global scales given (K and V, or ckv and kpe)."""
+def variant_slots(variant: str, case):
+    """The slot mapping of a slot-mapping variant's case (None for the page-table variants)."""
+    if variant == "slot_mapping":
+        return slot_mapping_for(case, torch.Generator().manual_seed(5)).to(case.append_key.device)
+    return case.slot_mapping() if variant == "mla_slot_mapping" else None
+
+
+def append_with_scales(variant: str, case, first, second, slots=None) -> None:
+    """Appends `case` with the variant's op and the two global scales given (K and V, or ckv and kpe); `slots`:
+    variant_slots(variant, case), computed here when not given."""
+    slots = variant_slots(variant, case) if slots is None else slots
     if variant == "page_table":
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*dataclasses.replace(case, k_scale=first, v_scale=second).args())
     elif variant == "slot_mapping":
-        slots = slot_mapping_for(case, torch.Generator().manual_seed(5)).to(case.append_key.device)
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(*slot_args(case, slots, first, second))
     elif variant == "mla":
         nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache(*case.args()[:-2], first, second)
     else:
         nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping(
-            case.append_ckv, case.append_kpe, case.slot_mapping(), *case.caches(), first, second
+            case.append_ckv, case.append_kpe, slots, *case.caches(), first, second
         )
 
 
@@ -428,13 +436,14 @@ def test_cpu_tensor_scale_is_refused_during_graph_capture(variant):
     case = scale_case(variant, seed=63).to("cuda")
     first, second = float_scales(case)
     before = written_bytes(case)
+    slots, scale = variant_slots(variant, case), cpu_scale(first)  # before capture: the slots copy to the GPU
     name, rows = ("ckv_scale", "append_ckv") if variant.startswith("mla") else ("k_scale", "append_key")
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(ValueError, match=rf"{name} as a CPU tensor cannot be read during CUDA graph capture .*: "
                        rf"pass a float or a one-element float32 tensor on {rows}'s device \(cuda:0\), "
                        r"got a CPU tensor$"):  # fmt: skip
         with torch.cuda.graph(graph):
-            append_with_scales(variant, case, cpu_scale(first), second)
+            append_with_scales(variant, case, scale, second, slots)
     assert torch.equal(written_bytes(case), before)
 
 
