@@ -2,6 +2,7 @@
 against the reference (which builds "trtllm" by reshape/permute), on every device present."""
 
 import dataclasses
+import enum
 import itertools
 
 import pytest
@@ -162,6 +163,98 @@ def test_readback_of_a_trtllm_cache(device):
     assert torch.equal(v1[rows], v2[rows])
     expected_v = reference.dequantize(*reference.quantize(case.append_value.cpu(), case.v_scale), case.v_scale)
     assert torch.equal(v2[rows].cpu(), expected_v)
+
+
+class ErrMode(enum.IntEnum):
+    """Stands in for FlashInfer's NVFP44Over6ErrMode (the API reads configs by their fields)."""
+
+    MAE = 0
+    MSE = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FourOverSixConfig:
+    """Stands in for FlashInfer's NVFP44Over6Config, with its defaults."""
+
+    e4m3_max: int = 448
+    err_mode: object = ErrMode.MAE
+    err_use_fast_math: bool = False
+
+
+def append_by_slots(case, slots, **options) -> None:
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(case.append_key, case.append_value, slots,
+        case.paged_kv_cache, case.kv_cache_sf, case.k_scale, case.v_scale, case.kv_layout, **options)  # fmt: skip
+
+
+def slots_of(case) -> torch.Tensor:
+    num_pages, page_size = page_geometry(case)
+    return torch.randperm(num_pages * page_size, generator=torch.Generator().manual_seed(9))[: case.append_key.shape[0]]
+
+
+@pytest.mark.parametrize(
+    "config,scale_search,expected",
+    [
+        (FourOverSixConfig(err_mode=ErrMode.MSE), "none", "4over6"),
+        (FourOverSixConfig(err_mode=ErrMode.MSE), "4over6", "4over6"),
+        (FourOverSixConfig(err_mode="mse"), "none", "4over6"),
+        (FourOverSixConfig(err_mode="MSE"), "none", "4over6"),
+        (FourOverSixConfig(err_mode=1), "none", "4over6"),
+        (FourOverSixConfig(e4m3_max=448.0, err_mode=ErrMode.MSE, err_use_fast_math=0), "none", "4over6"),
+        (None, "none", "none"),
+        (None, "4over6", "4over6"),
+    ],
+)
+def test_nvfp4_4over6_config_gives_the_scale_search_bytes(device, config, scale_search, expected):
+    """FlashInfer's nvfp4_4over6= of the slot-mapping append: MSE errors, exact, E4M3 maximum 448 is "4over6"."""
+    case = make_append_case(head_dim=64, page_size=4, seed=17).to(device)
+    slots = slots_of(case).to(device)
+    ours, theirs = case.cloned(), case.cloned()
+    append_by_slots(ours, slots, scale_search=scale_search, nvfp4_4over6=config)
+    append_by_slots(theirs, slots, scale_search=expected)
+    assert_same_caches(ours, theirs)
+
+
+def test_nvfp4_4over6_config_under_compile():
+    torch._dynamo.reset()
+    case = make_append_case(head_dim=64, page_size=4, seed=18, stacked=True)
+    slots = slots_of(case)
+    ours, theirs = case.cloned(), case.cloned()
+    compiled = torch.compile(nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping, fullgraph=True)
+    compiled(ours.append_key, ours.append_value, slots, ours.paged_kv_cache, ours.kv_cache_sf, ours.k_scale,
+             ours.v_scale, ours.kv_layout, nvfp4_4over6=FourOverSixConfig(err_mode=ErrMode.MSE))  # fmt: skip
+    append_by_slots(theirs, slots, scale_search="4over6")
+    assert_same_caches(ours, theirs)
+
+
+FOUR_OVER_SIX_BAD = [
+    ("default_mae", FourOverSixConfig(), "none", ValueError, "nvfp4_4over6.err_mode must be MSE", "ErrMode.MAE"),
+    ("mae_string", FourOverSixConfig(err_mode="mae"), "none", ValueError, "nvfp4_4over6.err_mode must be MSE", "'mae'"),
+    ("mae_value", FourOverSixConfig(err_mode=0), "none", ValueError, "nvfp4_4over6.err_mode must be MSE", "got 0"),
+    ("unknown_mode", FourOverSixConfig(err_mode="l1"), "none", ValueError, "nvfp4_4over6.err_mode must be MSE", "'l1'"),
+    ("e4m3_max_256", FourOverSixConfig(e4m3_max=256, err_mode="mse"), "none", ValueError,
+     "nvfp4_4over6.e4m3_max must be 448", "got 256"),
+    ("fast_math", FourOverSixConfig(err_mode="mse", err_use_fast_math=True), "none", ValueError,
+     "nvfp4_4over6.err_use_fast_math must be False", "got True"),
+    ("conflicting_scale_search", FourOverSixConfig(err_mode="mse"), "4over5", ValueError,
+     'scale_search must be "none" or "4over6" when nvfp4_4over6 is given', "got '4over5'"),
+    ("not_a_config", "4over6", "none", TypeError, "nvfp4_4over6 must be None or an NVFP44Over6Config", "got str"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config,scale_search,error,expected,given",
+    [b[1:] for b in FOUR_OVER_SIX_BAD],
+    ids=[b[0] for b in FOUR_OVER_SIX_BAD],
+)
+def test_nvfp4_4over6_refusals_name_the_field(config, scale_search, error, expected, given):
+    case = make_append_case(head_dim=64, page_size=4, seed=19)
+    before = cache_bytes(case.kv_cache_sf)
+    with pytest.raises(error) as refused:
+        append_by_slots(case, slots_of(case), scale_search=scale_search, nvfp4_4over6=config)
+    message = str(refused.value)
+    assert message.startswith(f"nvfp4kv.append_paged_kv_cache_with_slot_mapping: {expected}"), message
+    assert message.endswith(given), message
+    assert torch.equal(cache_bytes(case.kv_cache_sf), before)
 
 
 BAD = [

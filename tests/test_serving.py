@@ -3,18 +3,21 @@ Every test runs on each device present (CPU in CI; CUDA as well on a GPU machine
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 from conftest import assert_same_caches, compiled_error, has_cuda, page_geometry, seed_of
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import nvfp4kv
 from nvfp4kv import reference
 from nvfp4kv.fp4_quantization import e2m1_and_ufp8sf_scale_to_float
 
 from append_cases import cache_bytes, make_append_case
+from mla_cases import MlaCase, make_mla_case
 
 
 def slot_mapping_for(case, generator, padding=True, out_of_range=True, extra_rows=2):
@@ -305,6 +308,165 @@ def test_debug_mode_refuses_graph_capture(debug_mode):
     with pytest.raises(RuntimeError, match="cannot run during CUDA graph capture"):
         with torch.cuda.graph(graph):
             nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*case.args())
+
+
+# ---------------------------------------------------------------- CPU tensor scales with CUDA inputs
+
+SCALE_VARIANTS = ["page_table", "slot_mapping", "mla", "mla_slot_mapping"]
+
+
+def scale_case(variant: str, seed: int):
+    """A CPU case of the variant: an MlaCase for the MLA appends, else an AppendCase."""
+    return make_mla_case(seed=seed) if variant.startswith("mla") else make_append_case(seed=seed, stacked=True)
+
+
+def float_scales(case) -> tuple:
+    return (case.ckv_scale, case.kpe_scale) if isinstance(case, MlaCase) else (case.k_scale, case.v_scale)
+
+
+def variant_slots(variant: str, case):
+    """The slot mapping of a slot-mapping variant's case (None for the page-table variants)."""
+    if variant == "slot_mapping":
+        return slot_mapping_for(case, torch.Generator().manual_seed(5)).to(case.append_key.device)
+    return case.slot_mapping() if variant == "mla_slot_mapping" else None
+
+
+def append_with_scales(variant: str, case, first, second, slots=None) -> None:
+    """Appends `case` with the variant's op and the two global scales given (K and V, or ckv and kpe); `slots`:
+    variant_slots(variant, case), computed here when not given."""
+    slots = variant_slots(variant, case) if slots is None else slots
+    if variant == "page_table":
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(*dataclasses.replace(case, k_scale=first, v_scale=second).args())
+    elif variant == "slot_mapping":
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(*slot_args(case, slots, first, second))
+    elif variant == "mla":
+        nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache(*case.args()[:-2], first, second)
+    else:
+        nvfp4kv.nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping(
+            case.append_ckv, case.append_kpe, slots, *case.caches(), first, second
+        )
+
+
+def written_bytes(case) -> torch.Tensor:
+    if isinstance(case, MlaCase):
+        return case.cache_bytes()
+    return torch.cat([cache_bytes(case.paged_kv_cache), cache_bytes(case.kv_cache_sf)])
+
+
+def cpu_scale(value: float) -> torch.Tensor:
+    return torch.tensor([value], dtype=torch.float32)
+
+
+SCALE_OPS = {
+    "page_table": ("append_paged_kv_cache", "k_scale", "v_scale"),
+    "slot_mapping": ("append_paged_kv_cache_with_slot_mapping", "k_scale", "v_scale"),
+    "mla": ("append_paged_mla_kv_cache", "ckv_scale", "kpe_scale"),
+    "mla_slot_mapping": ("append_paged_mla_kv_cache_with_slot_mapping", "ckv_scale", "kpe_scale"),
+}
+
+
+@pytest.mark.parametrize("variant", SCALE_VARIANTS)
+@pytest.mark.parametrize("second", [False, True])
+@pytest.mark.parametrize("bad,shown", [(0.0, "0"), (-1.0, "-1"), (float("nan"), "nan"), (float("inf"), "inf"),
+                                       (1e39, "1e+39")])  # fmt: skip
+def test_bad_float_scale_is_named_with_flashinfers_phrase(device, variant, second, bad, shown):
+    """FlashInfer's "positive finite global decode scale", with the op, the argument and the value given."""
+    case = scale_case(variant, seed=59).to(device)
+    before = written_bytes(case)
+    op, *names = SCALE_OPS[variant]
+    scales = list(float_scales(case))
+    scales[second] = bad
+    message = f"nvfp4kv.{op}: {names[second]} must be a positive finite global decode scale in float32, got {shown}"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        append_with_scales(variant, case, *scales)
+    assert torch.equal(written_bytes(case), before)
+
+
+@pytest.mark.parametrize("variant", SCALE_VARIANTS)
+def test_cpu_tensor_scales_with_meta_inputs_reach_the_fake(variant):
+    """Meta inputs dispatch to the fake implementation, which takes a CPU scale tensor as the op does."""
+    case = scale_case(variant, seed=60).to("meta")
+    append_with_scales(variant, case, *(cpu_scale(s) for s in float_scales(scale_case(variant, seed=60))))
+
+
+def fake_cuda(case):
+    """The case with every tensor a fake CUDA tensor of the same metadata (no GPU needed)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def convert(value):
+        if isinstance(value, tuple):
+            return tuple(convert(v) for v in value)
+        if isinstance(value, torch.Tensor):
+            return mode.fake_tensor_converter.from_meta_and_device(mode, value.to("meta"), torch.device("cuda:0"))
+        return value
+
+    return mode, type(case)(**{f.name: convert(getattr(case, f.name)) for f in dataclasses.fields(case)})
+
+
+# The MLA slot-mapping case computes its slots from fake CUDA tensors, which needs a GPU; its fake runs the
+# check of the MLA page-table fake.
+@pytest.mark.parametrize("variant", SCALE_VARIANTS[:3])
+def test_cpu_tensor_scales_with_fake_cuda_inputs_are_traced(variant):
+    """What torch.compile's fake tensors see for CUDA inputs: a CPU scale tensor is accepted, a scale on another
+    device is refused with the op's message."""
+    mode, case = fake_cuda(scale_case(variant, seed=61))
+    first, second = (cpu_scale(s) for s in float_scales(scale_case(variant, seed=61)))
+    with mode:
+        append_with_scales(variant, case, first, second)
+        name = "ckv_scale" if variant.startswith("mla") else "k_scale"
+        with pytest.raises(ValueError, match=rf"{name} as a tensor must be a one-element float32 tensor on "
+                           r"append_(key|ckv)'s device \(cuda:0\) or the CPU, got .* device meta"):  # fmt: skip
+            append_with_scales(variant, case, first.to("meta"), second)
+
+
+@pytest.mark.skipif(not has_cuda(), reason="needs a GPU")
+@pytest.mark.parametrize("variant", SCALE_VARIANTS)
+def test_cpu_tensor_scales_with_cuda_inputs_give_the_float_scale_bytes(variant):
+    case = scale_case(variant, seed=62).to("cuda")
+    with_floats, with_tensors = case.cloned(), case.cloned()
+    append_with_scales(variant, with_floats, *float_scales(case))
+    append_with_scales(variant, with_tensors, *(cpu_scale(s) for s in float_scales(case)))
+    assert torch.equal(written_bytes(with_tensors), written_bytes(with_floats))
+    assert not torch.equal(written_bytes(with_floats), written_bytes(case))
+
+
+@pytest.mark.skipif(not has_cuda(), reason="needs CUDA graph capture")
+@pytest.mark.parametrize("variant", SCALE_VARIANTS)
+def test_cpu_tensor_scale_is_refused_during_graph_capture(variant):
+    case = scale_case(variant, seed=63).to("cuda")
+    first, second = float_scales(case)
+    before = written_bytes(case)
+    slots, scale = variant_slots(variant, case), cpu_scale(first)  # before capture: the slots copy to the GPU
+    name, rows = ("ckv_scale", "append_ckv") if variant.startswith("mla") else ("k_scale", "append_key")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match=rf"{name} as a CPU tensor cannot be read during CUDA graph capture .*: "
+                       rf"pass a float or a one-element float32 tensor on {rows}'s device \(cuda:0\), "
+                       r"got a CPU tensor$"):  # fmt: skip
+        with torch.cuda.graph(graph):
+            append_with_scales(variant, case, scale, second, slots)
+    assert torch.equal(written_bytes(case), before)
+
+
+@pytest.mark.skipif(not has_cuda(), reason="needs a GPU")
+@pytest.mark.parametrize("variant", SCALE_VARIANTS)
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("debug", [False, True])
+def test_bad_cpu_tensor_scale_with_cuda_inputs_raises_the_float_error(variant, bad, debug):
+    """Read on the host, a CPU scale is checked as its float is (debug checks leave it to the op)."""
+    case = scale_case(variant, seed=64).to("cuda")
+    before = written_bytes(case)
+    second = float_scales(case)[1]
+    nvfp4kv.set_debug_checks(debug)
+    try:
+        with pytest.raises(ValueError) as with_float:
+            append_with_scales(variant, case, bad, second)
+        with pytest.raises(ValueError) as with_tensor:
+            append_with_scales(variant, case, cpu_scale(bad), second)
+    finally:
+        nvfp4kv.set_debug_checks(False)
+    assert str(with_tensor.value) == str(with_float.value)
+    assert "must be a positive finite global decode scale in float32, got " in str(with_tensor.value)
+    assert torch.equal(written_bytes(case), before)
 
 
 # ---------------------------------------------------------------- readback and calibration

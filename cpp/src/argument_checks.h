@@ -43,6 +43,7 @@ class TensorInfo {
   bool same_device(const TensorInfo& other) const {
     return device_type_ == other.device_type_ && device_index_ == other.device_index_;
   }
+  bool is_cpu() const { return device_type_ == aoti_torch_device_type_cpu(); }
   std::string shape_string() const;   // "[2, 16, 8, 64]"
   std::string device_string() const;  // "cpu", "cuda:0"
 

@@ -8,7 +8,8 @@ STABLE_TORCH_LIBRARY(nvfp4kv, m) {
   // Stacked caches: k_cache and k_cache_sf are the 5-D tensors (K/V on dim 1) and v_cache /
   // v_cache_sf are None, so a stacked cache reaches the op, and torch.compile, as ONE mutable tensor.
   // k_scale / v_scale are the global decode scales as floats; when k_scale_tensor / v_scale_tensor
-  // ([1] float32 on the inputs' device) are given they are read on the device instead (capturable).
+  // ([1] float32 on the inputs' device) are given they are read on the device instead (capturable);
+  // a CPU one with CUDA inputs is read on the host like a float (SPEC Extension B).
   m.def(
       "append_paged_kv_cache(Tensor append_key, Tensor append_value, Tensor batch_indices, "
       "Tensor positions, Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor(c!) k_cache_sf, "

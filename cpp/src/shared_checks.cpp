@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#ifdef NVFP4KV_WITH_CUDA
+#include "cuda/current_stream.h"
+#endif
+
 namespace nvfp4kv {
 
 IndexView check_index(const char* op, const TensorInfo& t, const char* name) {
@@ -41,6 +45,21 @@ void check_devices(const char* op, const TensorInfo& reference, const char* refe
   }
 }
 
+namespace {
+
+// Whether the CUDA stream `reference` would be appended on is capturing a graph: a scale read on the host
+// then would stay fixed in the graph. A build without CUDA kernels never runs an op on a CUDA tensor.
+bool capturing(const TensorInfo& reference) {
+#ifdef NVFP4KV_WITH_CUDA
+  return current_cuda_stream_is_capturing(reference.device_index());
+#else
+  (void)reference;
+  return false;
+#endif
+}
+
+}  // namespace
+
 const float* check_scale(const char* op, const char* name, double scale, const std::optional<TensorInfo>& tensor,
                          const TensorInfo& reference, const char* reference_name, float& value) {
   value = 1.0f;
@@ -48,12 +67,21 @@ const float* check_scale(const char* op, const char* name, double scale, const s
     value = checked_global_scale(op, name, scale);
     return nullptr;
   }
-  if (tensor->scalar_type() != ScalarType::Float || tensor->numel() != 1 || !tensor->same_device(reference)) {
+  const bool host_read = tensor->is_cpu() && !reference.is_cpu();
+  if (tensor->scalar_type() != ScalarType::Float || tensor->numel() != 1 ||
+      !(host_read || tensor->same_device(reference))) {
     fail(op, name, " as a tensor must be a one-element float32 tensor on ", reference_name, "'s device (",
-         reference.device_string(), "), got dtype ", dtype_name(tensor->scalar_type()), ", shape ",
-         tensor->shape_string(), ", device ", tensor->device_string());
+         reference.device_string(), reference.is_cpu() ? ")" : ") or the CPU", ", got dtype ",
+         dtype_name(tensor->scalar_type()), ", shape ", tensor->shape_string(), ", device ", tensor->device_string());
   }
-  return static_cast<const float*>(tensor->data_ptr());
+  if (!host_read) return static_cast<const float*>(tensor->data_ptr());
+  if (capturing(reference)) {
+    fail(op, name, " as a CPU tensor cannot be read during CUDA graph capture (the graph would keep the value read ",
+         "now): pass a float or a one-element float32 tensor on ", reference_name, "'s device (",
+         reference.device_string(), "), got a CPU tensor");
+  }
+  value = checked_global_scale(op, name, *static_cast<const float*>(tensor->data_ptr()));
+  return nullptr;
 }
 
 StridedBytes strided_bytes(const TensorInfo& t) {

@@ -46,7 +46,8 @@ void set_page_table(Params& p, const PageTable& t) {
 void check_devices(const char* op, const TensorInfo& reference, const char* reference_name, NamedTensors tensors);
 
 // A global decode scale: a float, checked here (value set, null returned), or a one-element float32
-// tensor on `reference`'s device, read by the kernel (its data returned).
+// tensor on `reference`'s device, read by the kernel (its data returned). A CPU tensor with CUDA inputs
+// is read here and checked as its float would be (refused during CUDA graph capture).
 const float* check_scale(const char* op, const char* name, double scale, const std::optional<TensorInfo>& tensor,
                          const TensorInfo& reference, const char* reference_name, float& value);
 

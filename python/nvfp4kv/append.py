@@ -9,7 +9,7 @@ import torch
 from torch.compiler import is_dynamo_compiling
 
 from . import debug_checks
-from .arguments import Cache, Scale, check_python_types, scale_argument, split_cache
+from .arguments import Cache, Scale, check_python_types, four_over_six_scale_search, scale_argument, split_cache
 from .fake import refuse_shared_storage
 
 # Eagerly the API calls an overload's C++ entry point (_op), skipping OpOverload.__call__'s Python frame;
@@ -83,7 +83,8 @@ def nvfp4_quantize_append_paged_kv_cache(
         (NHD) or [max_num_pages, num_kv_heads, page_size, head_dim // 2] (HND), or one 5-D tensor with
         K/V on dim 1. kv_cache_sf: the same with float8_e4m3fn and head_dim // 16.
     k_scale / v_scale: global decode scales (value = e2m1 * block_scale * global_scale), as floats or
-        one-element float32 tensors on the inputs' device.
+        one-element float32 tensors on the inputs' device (or on the CPU, read on the host like a float,
+        with CUDA inputs outside graph capture).
     Row i of request batch_indices[i] at logical position positions[i] goes to page
     kv_indices[kv_indptr[b] + p // page_size], entry p % page_size. See docs/SPEC.md for the bit recipe.
     v_sf_layout: "linear" (FA2/XQA kernels) or "trtllm" (V scales 4-token interleaved, for trtllm-gen).
@@ -153,17 +154,21 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     *,
     v_sf_layout: str = "linear",
     scale_search: str = "none",
+    nvfp4_4over6=None,
 ) -> None:
     """The same append, addressed by flat slots as vLLM-style engines do.
 
     slot_mapping: [n] int32/int64 with n <= append_key.shape[0]; row i goes to page
     slot_mapping[i] // page_size, entry slot_mapping[i] % page_size. Negative slots are padding
     (skipped), and so are slots at or beyond max_num_pages * page_size. Rows past n are ignored.
+    nvfp4_4over6: FlashInfer's 4-over-6 config (None: off). NVFP44Over6Config(err_mode="mse") (e4m3_max 448,
+    err_use_fast_math False) is scale_search="4over6"; other configs raise ValueError naming the field.
     """
     op = "append_paged_kv_cache_with_slot_mapping"
     if (type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float
             and type(v_scale) is float and type(kv_layout) is str and len(paged_kv_cache) == 2
-            and len(kv_cache_sf) == 2 and not debug_checks.ENABLED and not is_dynamo_compiling()):  # fmt: skip
+            and len(kv_cache_sf) == 2 and nvfp4_4over6 is None and not debug_checks.ENABLED
+            and not is_dynamo_compiling()):  # fmt: skip
         k, v = paged_kv_cache
         k_sf, v_sf = kv_cache_sf
         try:
@@ -184,6 +189,7 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
             )
             raise
         return
+    scale_search = four_over_six_scale_search(op, nvfp4_4over6, scale_search)
     caches, scales, scale_tensors = _op_caches_and_scales(op, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
     named = _slot_tensors(append_key, append_value, slot_mapping)
     _check_types(op, named, caches, kv_layout, v_sf_layout, scale_search)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import numbers
 from typing import Optional, Tuple, Union
 
@@ -37,6 +38,63 @@ def scale_argument(op: str, name: str, scale) -> Tuple[float, Optional[torch.Ten
             f"nvfp4kv.{op}: {name} must be a float or a one-element float32 tensor, got {type(scale).__name__}"
         )
     return float(scale), None
+
+
+# FlashInfer's NVFP44Over6ErrMode values, and the one 4-over-6 recipe of FlashInfer's nvfp4_4over6= config that
+# nvfp4kv computes (docs/SPEC.md, Extension C and the differences from FlashInfer).
+_ERR_MODES = {0: "MAE", 1: "MSE"}
+_FOUR_OVER_SIX_FIELDS = ("e4m3_max", "err_mode", "err_use_fast_math")
+
+
+def _err_mode_name(mode) -> Optional[str]:
+    """An NVFP44Over6ErrMode member (by .name, else by .value), its int value or a str, as "MAE" / "MSE" / ...;
+    None for anything else."""
+    if isinstance(mode, str):
+        return mode.upper()
+    name = getattr(mode, "name", None)
+    if isinstance(name, str):
+        return name.upper()
+    value = getattr(mode, "value", mode)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _ERR_MODES.get(value)
+    return None
+
+
+def four_over_six_scale_search(op: str, nvfp4_4over6, scale_search) -> str:
+    """The scale_search that FlashInfer's nvfp4_4over6= asks for: `scale_search` itself for None (4-over-6 off);
+    "4over6" for a config (an NVFP44Over6Config, read by its fields) of MSE errors computed exactly against an
+    E4M3 maximum of 448. Any other config is refused by field, and so is a scale_search besides "none" (the
+    default) and "4over6"."""
+    if nvfp4_4over6 is None:
+        return scale_search
+    if not all(hasattr(nvfp4_4over6, field) for field in _FOUR_OVER_SIX_FIELDS):
+        raise TypeError(
+            f"nvfp4kv.{op}: nvfp4_4over6 must be None or an NVFP44Over6Config (fields "
+            f"{', '.join(_FOUR_OVER_SIX_FIELDS)}), got {type(nvfp4_4over6).__name__}"
+        )
+    e4m3_max, err_mode, fast_math = (getattr(nvfp4_4over6, field) for field in _FOUR_OVER_SIX_FIELDS)
+    if isinstance(e4m3_max, bool) or e4m3_max != 448:
+        raise ValueError(
+            f"nvfp4kv.{op}: nvfp4_4over6.e4m3_max must be 448 (the 4-over-6 search uses the full E4M3 range), "
+            f"got {e4m3_max!r}"
+        )
+    if _err_mode_name(err_mode) != "MSE":
+        shown = f"{type(err_mode).__name__}.{err_mode.name}" if isinstance(err_mode, enum.Enum) else repr(err_mode)
+        raise ValueError(
+            f'nvfp4kv.{op}: nvfp4_4over6.err_mode must be MSE (NVFP44Over6ErrMode.MSE, 1 or "mse": the 4-over-6 '
+            f"search compares squared errors), got {shown}"
+        )
+    if fast_math:
+        raise ValueError(
+            f"nvfp4kv.{op}: nvfp4_4over6.err_use_fast_math must be False (the 4-over-6 search computes its errors "
+            f"exactly), got {fast_math!r}"
+        )
+    if scale_search not in ("none", "4over6"):
+        raise ValueError(
+            f'nvfp4kv.{op}: scale_search must be "none" or "4over6" when nvfp4_4over6 is given (it asks for '
+            f'"4over6"), got {scale_search!r}'
+        )
+    return "4over6"
 
 
 def check_python_types(op: str, tensors, strings) -> None:

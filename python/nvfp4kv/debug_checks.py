@@ -52,9 +52,13 @@ def _fail(op: str, message: str) -> None:
 
 
 def _check_scale_tensors(op: str, k_scale_tensor: Optional[torch.Tensor], v_scale_tensor: Optional[torch.Tensor],
-                         mla: bool = False):  # fmt: skip
+                         device: torch.device, mla: bool = False):  # fmt: skip
+    """The scale tensors the kernel reads; a CPU tensor with inputs on `device` elsewhere is read on the host
+    by the op, which checks it as it checks a float."""
     for (name, rows), tensor in zip(_SCALES[mla], (k_scale_tensor, v_scale_tensor)):
         if tensor is None or tensor.numel() != 1:  # a malformed scale tensor: the op names it
+            continue
+        if tensor.device.type == "cpu" and device.type != "cpu":
             continue
         value = float(tensor.reshape(-1)[0])
         if not (value > 0.0 and value != float("inf")):
@@ -118,7 +122,7 @@ def check_index_data(
         or kv_indptr.shape[0] != kv_last_page_len.shape[0] + 1
     ):
         return
-    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor, mla)
+    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor, batch_indices.device, mla)
     batch = batch_indices.cpu().tolist()
     pos = positions.cpu().tolist()
     indices = kv_indices.cpu().tolist()
@@ -160,7 +164,7 @@ def check_slot_data(slot_mapping, k_scale_tensor, v_scale_tensor, num_pages: int
     _refuse_during_capture(op)
     if page_size <= 0 or not _well_formed(slot_mapping):
         return
-    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor, mla)
+    _check_scale_tensors(op, k_scale_tensor, v_scale_tensor, slot_mapping.device, mla)
     targets = _Targets(op)
     for row, slot in enumerate(slot_mapping.cpu().tolist()):
         if slot >= num_pages * page_size:

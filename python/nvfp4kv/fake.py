@@ -41,18 +41,20 @@ def _refuse_shared_storage_under_compile(op: str, caches, reads, advice: str = _
 
 def _refuse_mixed_devices(op: str, reference, tensors, scales, reference_name: str = "append_key") -> None:
     """A call mixing a meta tensor with real ones dispatches here instead of to a kernel: refuse it with
-    the kernels' messages (cpp/src/shared_checks.cpp: check_devices, check_scale), not silently do nothing."""
+    the kernels' messages (cpp/src/shared_checks.cpp: check_devices, check_scale), not silently do nothing.
+    A scale tensor on the CPU goes with inputs on any device (the op reads it on the host)."""
     device = reference.device
     for tensor, name in tensors:
         if isinstance(tensor, torch.Tensor) and tensor.device != device:
             raise ValueError(
                 f"nvfp4kv.{op}: {name} must be on the same device as {reference_name} ({device}), got {tensor.device}"
             )
+    or_cpu = "" if device.type == "cpu" else " or the CPU"
     for tensor, name in scales:
-        if isinstance(tensor, torch.Tensor) and tensor.device != device:
+        if isinstance(tensor, torch.Tensor) and tensor.device not in (device, torch.device("cpu")):
             raise ValueError(
                 f"nvfp4kv.{op}: {name} as a tensor must be a one-element float32 tensor on {reference_name}'s device "
-                f"({device}), got dtype {str(tensor.dtype).removeprefix('torch.')}, shape "
+                f"({device}){or_cpu}, got dtype {str(tensor.dtype).removeprefix('torch.')}, shape "
                 f"[{', '.join(str(n) for n in tensor.shape)}], device {tensor.device}"
             )
 

@@ -69,7 +69,8 @@ def nvfp4_quantize_append_paged_mla_kv_cache(
     ckv_cache uint8 [max_num_pages, page_size, C // 2], ckv_sf_cache float8_e4m3fn [.., C // 16]: NVFP4 ckv with
     global decode scale ckv_scale. kpe_cache float8_e4m3fn [.., R]: kpe / kpe_scale rounded to E4M3, or a cache
     of the inputs' dtype, which receives the kpe values as they are. Scales: floats or one-element float32
-    tensors on the inputs' device. Rows are placed as by nvfp4_quantize_append_paged_kv_cache (one head).
+    tensors on the inputs' device (or the CPU, as for nvfp4_quantize_append_paged_kv_cache). Rows are placed as
+    by nvfp4_quantize_append_paged_kv_cache (one head).
     """
     op = "append_paged_mla_kv_cache"
     if type(ckv_scale) is float and type(kpe_scale) is float and not debug_checks.ENABLED and not is_dynamo_compiling():

@@ -42,7 +42,8 @@ struct PagedCache {
 
 // A global decode scale as the Python API takes it: a float (validated on the host) or a one-element
 // float32 tensor on the inputs' device, read by the kernel (no synchronisation, so a captured CUDA
-// graph sees values written into it later).
+// graph sees values written into it later). A CPU tensor with CUDA inputs is read on the host and
+// validated as a float (refused during CUDA graph capture).
 struct GlobalScale {
   GlobalScale(double value) : value(value) {}                                // NOLINT: implicit by design
   GlobalScale(at::Tensor tensor) : value(1.0), tensor(std::move(tensor)) {}  // NOLINT

@@ -1,5 +1,6 @@
 #include "current_stream.h"
 
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <stdexcept>
@@ -32,6 +33,15 @@ void* current_cuda_stream(int32_t device_index) {
                              std::to_string(device_index));
   }
   return stream;
+}
+
+bool current_cuda_stream_is_capturing(int32_t device_index) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(current_cuda_stream(device_index)), &status) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the launchers read cudaGetLastError after each launch
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
 }
 
 void check_cuda_launch(int error_code, const char* error_string, const char* op) {
