@@ -57,10 +57,12 @@ def tiny_llama():
 
 
 def generate(model, prompt, cache):
+    from nvfp4kv.transformers_cache import cache_keyword
+
     with torch.inference_mode():
         out = model.generate(
             prompt,
-            cache=cache,
+            **{cache_keyword(model): cache},
             max_new_tokens=12,
             do_sample=False,
             output_scores=True,

@@ -1,7 +1,9 @@
 """A transformers cache whose layers keep K/V in an NVFP4 paged cache written by nvfp4kv's op.
 
     cache = NVFP4Cache(model.config)            # or k_scales=[...], v_scales=[...] per layer
-    model.generate(input_ids, cache=cache, max_new_tokens=32)
+    model.generate(input_ids, **{cache_keyword(model): cache}, max_new_tokens=32)
+
+(transformers renamed generate's `past_key_values=` to `cache=` within release 5; cache_keyword says which.)
 
 Each update appends the new post-RoPE rows (as bf16) into the layer's pages, then returns the whole
 cache dequantized for the model's own attention (SDPA or eager). A layer's global scales, when not
@@ -12,6 +14,7 @@ Beam reordering and cropping are not supported.
 
 from __future__ import annotations
 
+import inspect
 from typing import Optional, Sequence
 
 import torch
@@ -133,3 +136,9 @@ class NVFP4Cache(Cache):
         k_scales = k_scales if k_scales is not None else [None] * layers
         v_scales = v_scales if v_scales is not None else [None] * layers
         super().__init__(layers=[NVFP4PagedLayer(k, v, page_size, scale_search) for k, v in zip(k_scales, v_scales)])
+
+
+def cache_keyword(model) -> str:
+    """The keyword that hands a cache to `model.generate` / `model(...)`: "cache" where the model's forward
+    takes it (newer transformers 5 releases), else "past_key_values"."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
