@@ -476,10 +476,11 @@ def test_bad_cpu_tensor_scale_with_cuda_inputs_raises_the_float_error(variant, b
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("stacked", [False, True])
-@pytest.mark.parametrize("tensor_scales", [False, True])
+@pytest.mark.parametrize("tensor_scales", [None, "device", "cpu"])
 def test_dequantize_paged_kv_cache_reads_back_every_request(device, layout, stacked, tensor_scales):
     """Append whole requests (prefill from position 0), read them back ragged, compare with the
-    reference's quantize -> dequantize of the same rows."""
+    reference's quantize -> dequantize of the same rows; scales as floats, as tensors on the cache's device,
+    or as CPU tensors (read on the host with a CUDA cache)."""
     g = torch.Generator().manual_seed(41)
     page_size, heads, head_dim = 4, 2, 32
     seq_lens = torch.tensor([5, 1, 9])
@@ -501,9 +502,9 @@ def test_dequantize_paged_kv_cache_reads_back_every_request(device, layout, stac
     caches = tuple(to(c) if isinstance(c, torch.Tensor) else tuple(map(to, c)) for c in caches)
     k_scale, v_scale = 0.003, 0.004
     scales = (
-        (torch.tensor([k_scale], device=device), torch.tensor([v_scale], device=device))
-        if tensor_scales
-        else (k_scale, v_scale)
+        (k_scale, v_scale)
+        if tensor_scales is None
+        else tuple(torch.tensor([s], device=device if tensor_scales == "device" else "cpu") for s in (k_scale, v_scale))
     )
     nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
         to(key),

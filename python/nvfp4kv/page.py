@@ -151,8 +151,13 @@ def _cache_halves(op: str, name: str, cache: Cache, dtype: torch.dtype) -> Tuple
 
 def _dequantize_scale(op: str, name: str, scale: Scale, device: torch.device) -> Scale:
     """A positive finite float32 value, or a one-element float32 tensor on the cache's device (as a 0-d
-    tensor, so that it cannot broadcast)."""
+    tensor, so that it cannot broadcast); one on the CPU with a CUDA cache is read on the host, as the appends
+    read it, and checked as its float."""
     value, tensor = scale_argument(op, name, scale)
+    host_read = tensor is not None and tensor.device.type == "cpu" != device.type
+    if host_read and tensor.dtype == torch.float32 and tensor.numel() == 1:
+        scale = value = float(tensor.reshape(()))
+        tensor = None
     if tensor is None:
         if not 0.0 < float(torch.tensor(value, dtype=torch.float32)) < float("inf"):
             raise ValueError(
@@ -160,9 +165,10 @@ def _dequantize_scale(op: str, name: str, scale: Scale, device: torch.device) ->
             )
         return value
     if tensor.dtype != torch.float32 or tensor.numel() != 1 or tensor.device != device:
+        where = f"{device}) or the CPU" if device.type != "cpu" else f"{device})"
         raise ValueError(
             f"nvfp4kv.{op}: {name} as a tensor must be a one-element float32 tensor on paged_kv_cache's "
-            f"device ({device}), got dtype {_dtype_name(tensor.dtype)}, shape {list(tensor.shape)}, "
+            f"device ({where}, got dtype {_dtype_name(tensor.dtype)}, shape {list(tensor.shape)}, "
             f"device {tensor.device}"
         )
     return tensor.reshape(())
@@ -241,7 +247,7 @@ def dequantize_paged_kv_cache(
     debugger needs.
 
     The caches and scales are those of nvfp4_quantize_append_paged_kv_cache (k_scale / v_scale: positive
-    finite floats or one-element float32 tensors on the cache's device); the index tensors are int32 /
+    finite floats or one-element float32 tensors on the cache's device or the CPU); the index tensors are int32 /
     int64 on the cache's device. The page table is copied to the host (one synchronisation) and must be
     valid, else ValueError names its first bad entry: kv_indptr starts at >= 0, never decreases and
     ends at <= len(kv_indices); kv_last_page_len[b] is in [1, page_size] for a request with pages and
