@@ -10,7 +10,6 @@ of the reference oracle (tests/reference_source.py) run without the compiled lib
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import zlib
 
@@ -34,12 +33,9 @@ def has_cuda() -> bool:
 
 
 def force_kernel_mode(mode: str) -> None:
-    """The library's test hook (cpp/src/cuda/build_info.cpp): every aligned call runs `mode`
-    ("auto", "pair", "split", "oneshot"; cpp/src/cuda/kernel_mode.h says what each means per op)."""
     import nvfp4kv
 
-    hook = ctypes.CDLL(str(nvfp4kv.library.library_path())).nvfp4kv_test_force_kernel_mode
-    assert hook(mode.encode()) == 0, mode
+    nvfp4kv.library.force_kernel_mode(mode)
 
 
 @pytest.fixture

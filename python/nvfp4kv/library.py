@@ -47,3 +47,12 @@ def cuda_architectures() -> List[str]:
         return []
     library.nvfp4kv_cuda_architectures.restype = ctypes.c_char_p
     return library.nvfp4kv_cuda_architectures().decode().split()
+
+
+def force_kernel_mode(mode: str) -> None:
+    """Test and benchmark hook (cpp/src/cuda/build_info.cpp), not a user setting: every aligned append runs
+    kernel mode `mode` ("auto", "pair", "split", "oneshot"; cpp/src/cuda/kernel_mode.h says what each means
+    per op) until it is set back to "auto"."""
+    hook = ctypes.CDLL(str(library_path())).nvfp4kv_test_force_kernel_mode
+    if hook(mode.encode()) != 0:
+        raise ValueError(f"kernel mode must be one of auto, pair, split, oneshot, got {mode!r}")

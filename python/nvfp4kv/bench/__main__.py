@@ -40,6 +40,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--only", default="", help="run the cases whose name contains one of these comma-separated texts"
     )
     parser.add_argument(
+        "--kernel-mode",
+        default="auto",
+        choices=["auto", "pair", "split", "oneshot"],
+        help="force one kernel (the tests' hook, for A/B runs; MLA: split = row kernel, pair = chain kernel)",
+    )
+    parser.add_argument(
         "--accuracy",
         action="store_true",
         help="also write the accuracy report of plain vs 4-over-6 scales (accuracy.json/png)",
@@ -128,6 +134,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("nvfp4kv.bench needs a CUDA GPU and a build with the CUDA kernels", file=sys.stderr)
         return 2
 
+    nvfp4kv.library.force_kernel_mode(args.kernel_mode)
     props = torch.cuda.get_device_properties(0)
     l2_bytes = props.L2_cache_size
     wanted = [text for text in args.only.split(",") if text] or [""]
@@ -141,6 +148,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
         },
+        "kernel_mode": args.kernel_mode,
         "method": "CUDA events, median of samples after warm-up; inputs rotated over > 4x L2 or L2 "
         "flushed before each sample; GB/s = (bf16 K+V read + packed + scales written) / time",
     }
