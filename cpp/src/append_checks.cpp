@@ -132,31 +132,32 @@ bool check_format(const char* op, const OptionArguments& format, AppendParams& p
 }
 
 // append_key / append_value: [nnz, num_kv_heads, head_dim], fp16 or bf16.
-void check_rows_pair(const char* op, const TensorInfo& append_key, const TensorInfo& append_value, AppendParams& p) {
+void check_rows_pair(const char* op, const TensorInfo& append_key, const TensorInfo& append_value, const RowNames& n,
+                     AppendParams& p) {
   if (append_key.dim() != 3) {
-    fail(op, "append_key must be a 3-D tensor [nnz, num_kv_heads, head_dim], got shape ", append_key.shape_string());
+    fail(op, n.key, " must be a 3-D tensor [nnz, num_kv_heads, head_dim], got shape ", append_key.shape_string());
   }
   const ScalarType dtype = append_key.scalar_type();
   if (dtype != ScalarType::Half && dtype != ScalarType::BFloat16) {
-    fail(op, "append_key must have dtype float16 or bfloat16, got ", dtype_name(dtype));
+    fail(op, n.key, " must have dtype float16 or bfloat16, got ", dtype_name(dtype));
   }
   const int64_t nnz = append_key.size(0);
   const int64_t num_heads = append_key.size(1);
   const int64_t head_dim = append_key.size(2);
   if (head_dim <= 0 || head_dim % 16 != 0) {
-    fail(op, "append_key head_dim (last dim) must be a positive multiple of 16, got ", head_dim);
+    fail(op, n.key, " head_dim (last dim) must be a positive multiple of 16, got ", head_dim);
   }
-  check_rows(op, append_key, "append_key");
+  check_rows(op, append_key, n.key);
   if (append_value.dim() != 3 || append_value.size(0) != nnz || append_value.size(1) != num_heads ||
       append_value.size(2) != head_dim) {
-    fail(op, "append_value must have the same shape as append_key ", append_key.shape_string(), ", got ",
+    fail(op, n.value, " must have the same shape as ", n.key, " ", append_key.shape_string(), ", got ",
          append_value.shape_string());
   }
   if (append_value.scalar_type() != dtype) {
-    fail(op, "append_value must have the same dtype as append_key (", dtype_name(dtype), "), got ",
+    fail(op, n.value, " must have the same dtype as ", n.key, " (", dtype_name(dtype), "), got ",
          dtype_name(append_value.scalar_type()));
   }
-  check_rows(op, append_value, "append_value");
+  check_rows(op, append_value, n.value);
   p.key = RowsView{static_cast<const uint16_t*>(append_key.data_ptr()), append_key.stride(0), append_key.stride(1)};
   p.value =
       RowsView{static_cast<const uint16_t*>(append_value.data_ptr()), append_value.stride(0), append_value.stride(1)};
@@ -270,11 +271,10 @@ WrittenCaches check_caches(const char* op, const CacheArguments& caches, bool nh
   return written;
 }
 
-void check_scales(const char* op, const OptionArguments& scales, const TensorInfo& append_key, AppendParams& p) {
-  p.k_scale_device =
-      check_scale(op, "k_scale", scales.k_scale, scales.k_scale_tensor, append_key, "append_key", p.k_scale);
-  p.v_scale_device =
-      check_scale(op, "v_scale", scales.v_scale, scales.v_scale_tensor, append_key, "append_key", p.v_scale);
+void check_scales(const char* op, const OptionArguments& scales, const TensorInfo& append_key, const char* key_name,
+                  AppendParams& p) {
+  p.k_scale_device = check_scale(op, "k_scale", scales.k_scale, scales.k_scale_tensor, append_key, key_name, p.k_scale);
+  p.v_scale_device = check_scale(op, "v_scale", scales.v_scale, scales.v_scale_tensor, append_key, key_name, p.v_scale);
 }
 
 // The arguments both ops share, read in schema order (braced lists evaluate left to right).
@@ -287,29 +287,45 @@ OptionArguments read_options(BoxedArguments& boxed) {
           boxed.string(), boxed.string()};
 }
 
+// The rows an op places: the first `index.shape[0]` of its `rows` K/V rows.
+int64_t placed_rows(const char* op, const TensorInfo& index, const char* name, int64_t rows, const char* key_name) {
+  if (index.size(0) > rows) {
+    fail(op, name, " must have at most ", key_name, ".shape[0] = ", rows, " entries, got ", index.size(0));
+  }
+  return index.size(0);
+}
+
 }  // namespace
 
+AppendArguments read_append_fields(BoxedArguments& boxed) {
+  return {boxed.tensor(), boxed.tensor(), boxed.tensor(), boxed.tensor(),     read_caches(boxed),
+          boxed.tensor(), boxed.tensor(), boxed.tensor(), read_options(boxed)};
+}
+
+AppendWithSlotMappingArguments read_append_with_slot_mapping_fields(BoxedArguments& boxed) {
+  return {boxed.tensor(), boxed.tensor(), boxed.tensor(), read_caches(boxed), read_options(boxed)};
+}
+
 AppendArguments read_append_arguments(BoxedArguments& boxed) {
-  AppendArguments args{boxed.tensor(), boxed.tensor(), boxed.tensor(), boxed.tensor(),     read_caches(boxed),
-                       boxed.tensor(), boxed.tensor(), boxed.tensor(), read_options(boxed)};
+  AppendArguments args = read_append_fields(boxed);
   boxed.finish("append_paged_kv_cache", 0);
   return args;
 }
 
 AppendWithSlotMappingArguments read_append_with_slot_mapping_arguments(BoxedArguments& boxed) {
-  AppendWithSlotMappingArguments args{boxed.tensor(), boxed.tensor(), boxed.tensor(), read_caches(boxed),
-                                      read_options(boxed)};
+  AppendWithSlotMappingArguments args = read_append_with_slot_mapping_fields(boxed);
   boxed.finish("append_paged_kv_cache_with_slot_mapping", 0);
   return args;
 }
 
-AppendParams check_append_arguments(const AppendArguments& args) {
-  const char* op = "append_paged_kv_cache";
-  AppendParams p{};
+CheckedAppend check_append_arguments(const char* op, const AppendArguments& args, const RowNames& names,
+                                     bool fewer_placed_rows) {
+  CheckedAppend checked{};
+  AppendParams& p = checked.params;
   const bool nhd = check_format(op, args.options, p);
-  check_rows_pair(op, args.append_key, args.append_value, p);
-  check_devices(op, args.append_key, "append_key",
-                {{&args.append_value, "append_value"},
+  check_rows_pair(op, args.append_key, args.append_value, names, p);
+  check_devices(op, args.append_key, names.key,
+                {{&args.append_value, names.value},
                  {&args.batch_indices, "batch_indices"},
                  {&args.positions, "positions"},
                  {&args.caches.k_cache, "paged_kv_cache"},
@@ -319,16 +335,18 @@ AppendParams check_append_arguments(const AppendArguments& args) {
                  {&args.kv_last_page_len, "kv_last_page_len"},
                  {args.caches.v_cache ? &*args.caches.v_cache : nullptr, "paged_kv_cache[1]"},
                  {args.caches.v_cache_sf ? &*args.caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
+  if (fewer_placed_rows) p.nnz = placed_rows(op, args.batch_indices, "batch_indices", p.nnz, names.key);
 
   // Index tensors: 1-D int32/int64, used as given.
   set_page_table(p, check_page_table(op, args.batch_indices, args.positions, args.kv_indices, args.kv_indptr,
-                                     args.kv_last_page_len, p.nnz, "append_key"));
+                                     args.kv_last_page_len, p.nnz, fewer_placed_rows ? "batch_indices" : names.key));
 
   const WrittenCaches written = check_caches(op, args.caches, nhd, p);
-  check_scales(op, args.options, args.append_key, p);
+  checked.written = written.ranges;
+  check_scales(op, args.options, args.append_key, names.key, p);
   check_reads_disjoint(op, written.ranges,
-                       {{&args.append_key, "append_key"},
-                        {&args.append_value, "append_value"},
+                       {{&args.append_key, names.key},
+                        {&args.append_value, names.value},
                         {&args.batch_indices, "batch_indices"},
                         {&args.positions, "positions"},
                         {&args.kv_indices, "kv_indices"},
@@ -336,36 +354,42 @@ AppendParams check_append_arguments(const AppendArguments& args) {
                         {&args.kv_last_page_len, "kv_last_page_len"},
                         {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
                         {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
-  return p;
+  return checked;
 }
 
-AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappingArguments& args) {
-  const char* op = "append_paged_kv_cache_with_slot_mapping";
-  AppendParams p{};
+CheckedAppend check_append_with_slot_mapping_arguments(const char* op, const AppendWithSlotMappingArguments& args,
+                                                       const RowNames& names) {
+  CheckedAppend checked{};
+  AppendParams& p = checked.params;
   const bool nhd = check_format(op, args.options, p);
-  check_rows_pair(op, args.append_key, args.append_value, p);
-  check_devices(op, args.append_key, "append_key",
-                {{&args.append_value, "append_value"},
+  check_rows_pair(op, args.append_key, args.append_value, names, p);
+  check_devices(op, args.append_key, names.key,
+                {{&args.append_value, names.value},
                  {&args.slot_mapping, "slot_mapping"},
                  {&args.caches.k_cache, "paged_kv_cache"},
                  {&args.caches.k_cache_sf, "kv_cache_sf"},
                  {args.caches.v_cache ? &*args.caches.v_cache : nullptr, "paged_kv_cache[1]"},
                  {args.caches.v_cache_sf ? &*args.caches.v_cache_sf : nullptr, "kv_cache_sf[1]"}});
   p.slot_mapping = check_index(op, args.slot_mapping, "slot_mapping");
-  if (args.slot_mapping.size(0) > p.nnz) {
-    fail(op, "slot_mapping must have at most append_key.shape[0] = ", p.nnz, " entries, got ",
-         args.slot_mapping.size(0));
-  }
-  p.nnz = args.slot_mapping.size(0);  // only the first slot_mapping.shape[0] rows are appended
+  p.nnz = placed_rows(op, args.slot_mapping, "slot_mapping", p.nnz, names.key);  // only the first rows are appended
   const WrittenCaches written = check_caches(op, args.caches, nhd, p);
-  check_scales(op, args.options, args.append_key, p);
+  checked.written = written.ranges;
+  check_scales(op, args.options, args.append_key, names.key, p);
   check_reads_disjoint(op, written.ranges,
-                       {{&args.append_key, "append_key"},
-                        {&args.append_value, "append_value"},
+                       {{&args.append_key, names.key},
+                        {&args.append_value, names.value},
                         {&args.slot_mapping, "slot_mapping"},
                         {args.options.k_scale_tensor ? &*args.options.k_scale_tensor : nullptr, "k_scale"},
                         {args.options.v_scale_tensor ? &*args.options.v_scale_tensor : nullptr, "v_scale"}});
-  return p;
+  return checked;
+}
+
+AppendParams check_append_arguments(const AppendArguments& args) {
+  return check_append_arguments("append_paged_kv_cache", args, RowNames{}, false).params;
+}
+
+AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappingArguments& args) {
+  return check_append_with_slot_mapping_arguments("append_paged_kv_cache_with_slot_mapping", args, RowNames{}).params;
 }
 
 }  // namespace nvfp4kv

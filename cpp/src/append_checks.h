@@ -8,6 +8,7 @@
 #include "append_params.h"
 #include "argument_checks.h"
 #include "boxed_arguments.h"
+#include "shared_checks.h"
 
 namespace nvfp4kv {
 
@@ -56,10 +57,30 @@ struct AppendWithSlotMappingArguments {
 // The arguments of one call, read from its stack (schemas in registration.cpp); valid while `boxed` lives.
 AppendArguments read_append_arguments(BoxedArguments& boxed);
 AppendWithSlotMappingArguments read_append_with_slot_mapping_arguments(BoxedArguments& boxed);
+// The same fields as the first arguments of an op that has more (the fused RoPE append).
+AppendArguments read_append_fields(BoxedArguments& boxed);
+AppendWithSlotMappingArguments read_append_with_slot_mapping_fields(BoxedArguments& boxed);
 
 // Check every precondition that needs no device data (SPEC section 3) and resolve the geometry the
 // kernels use. They throw before anything is written.
 AppendParams check_append_arguments(const AppendArguments& args);
 AppendParams check_append_with_slot_mapping_arguments(const AppendWithSlotMappingArguments& args);
+
+// The same checks for an op built on the append (the fused RoPE append, rope_checks.cpp), its errors
+// under `op`'s name and the K/V rows' names, with the byte ranges of the caches it writes for the op's own overlap
+// checks. With fewer_placed_rows, batch_indices / positions may have fewer entries than append_key has rows (nnz =
+// their count: only those rows are placed); the slot mapping always may.
+struct RowNames {
+  const char* key = "append_key";
+  const char* value = "append_value";
+};
+struct CheckedAppend {
+  AppendParams params;
+  WrittenRanges written;
+};
+CheckedAppend check_append_arguments(const char* op, const AppendArguments& args, const RowNames& names,
+                                     bool fewer_placed_rows);
+CheckedAppend check_append_with_slot_mapping_arguments(const char* op, const AppendWithSlotMappingArguments& args,
+                                                       const RowNames& names);
 
 }  // namespace nvfp4kv

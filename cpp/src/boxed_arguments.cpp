@@ -48,6 +48,12 @@ torch::stable::Tensor BoxedArguments::owned_tensor() {
 
 double BoxedArguments::real() { return torch::stable::detail::to<double>(next()); }
 
+std::optional<double> BoxedArguments::optional_real() {
+  return torch::stable::detail::to<std::optional<double>>(next());
+}
+
+bool BoxedArguments::flag() { return torch::stable::detail::to<bool>(next()); }
+
 std::string BoxedArguments::string() {
   const auto handle = torch::stable::detail::to<StringHandle>(next());
   const char* data = nullptr;

@@ -30,6 +30,8 @@ class BoxedArguments {
   std::optional<TensorInfo> optional_tensor();
   torch::stable::Tensor owned_tensor();
   double real();
+  std::optional<double> optional_real();
+  bool flag();
   std::string string();
 
   // After the last read: the kernel read every argument of the registered schema, which has
@@ -46,7 +48,7 @@ class BoxedArguments {
   uint64_t num_args_;
   uint64_t num_outputs_;
   uint64_t num_read_ = 0;
-  std::array<AtenTensorHandle, 16> tensors_{};
+  std::array<AtenTensorHandle, 24> tensors_{};
   size_t num_tensors_ = 0;
 };
 

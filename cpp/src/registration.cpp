@@ -39,6 +39,25 @@ STABLE_TORCH_LIBRARY(nvfp4kv, m) {
       "append_paged_mla_kv_cache_with_slot_mapping(Tensor append_ckv, Tensor append_kpe, Tensor slot_mapping, "
       "Tensor(a!) ckv_cache, Tensor(b!) ckv_sf_cache, Tensor(c!) kpe_cache, float ckv_scale, float kpe_scale, "
       "Tensor? ckv_scale_tensor=None, Tensor? kpe_scale_tensor=None) -> ()");
+  // The fused rotary embedding + append (docs/SPEC.md section 5): the append's arguments (key / value as
+  // append_key / append_value, [n, Hkv, D]; batch_indices / positions or slot_mapping place the first nnz <= n
+  // rows), then query [n, Hq, D] (None: q_out holds it and is rotated in place), cos_sin_cache [max_pos, R],
+  // rope_positions [n], q_out [n, Hq, D] (the input dtype or float8_e4m3fn), k_out (the rotated K, optional),
+  // the pair convention, and the FP8 Q decode scale (a float or a [1] float32 tensor; FP8 q_out only).
+  m.def(
+      "rope_append_paged_kv_cache(Tensor append_key, Tensor append_value, Tensor batch_indices, "
+      "Tensor positions, Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor(c!) k_cache_sf, "
+      "Tensor(d!)? v_cache_sf, Tensor kv_indices, Tensor kv_indptr, Tensor kv_last_page_len, "
+      "float k_scale, float v_scale, str kv_layout, Tensor? k_scale_tensor, Tensor? v_scale_tensor, "
+      "str v_sf_layout, str scale_search, Tensor? query, Tensor cos_sin_cache, Tensor rope_positions, "
+      "Tensor(e!) q_out, Tensor(f!)? k_out, bool is_neox, float? q_scale, Tensor? q_scale_tensor) -> ()");
+  m.def(
+      "rope_append_paged_kv_cache_with_slot_mapping(Tensor append_key, Tensor append_value, "
+      "Tensor slot_mapping, Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor(c!) k_cache_sf, "
+      "Tensor(d!)? v_cache_sf, float k_scale, float v_scale, str kv_layout, Tensor? k_scale_tensor, "
+      "Tensor? v_scale_tensor, str v_sf_layout, str scale_search, Tensor? query, Tensor cos_sin_cache, "
+      "Tensor rope_positions, Tensor(e!) q_out, Tensor(f!)? k_out, bool is_neox, float? q_scale, "
+      "Tensor? q_scale_tensor) -> ()");
   // packed uint8 [..., D/2] + float8_e4m3fn scales [..., D/16] -> float32 [..., D].
   m.def("dequantize(Tensor packed, Tensor scales, float global_scale) -> Tensor");
 }

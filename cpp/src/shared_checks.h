@@ -58,7 +58,7 @@ ByteRange read_range(const TensorInfo& t);
 
 // What an op writes, for the overlap checks: `count` tensors' names and byte ranges, and their hull.
 struct WrittenRanges {
-  static constexpr size_t kMax = 4;
+  static constexpr size_t kMax = 6;
   std::array<const char*, kMax> names{};
   std::array<ByteRange, kMax> ranges{};
   size_t count = 0;

@@ -21,6 +21,8 @@ from .page import (  # noqa: E402
     get_seq_lens,
     nvfp4_quantize_append_paged_kv_cache,
     nvfp4_quantize_append_paged_kv_cache_with_slot_mapping,
+    rope_quantize_nvfp4_append_paged_kv_cache,
+    rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping,
 )
 
 __version__ = "0.1.0"
@@ -40,5 +42,7 @@ __all__ = [
     "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping",
     "nvfp4_quantize_append_paged_mla_kv_cache",
     "nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping",
+    "rope_quantize_nvfp4_append_paged_kv_cache",
+    "rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping",
     "set_debug_checks",
 ]

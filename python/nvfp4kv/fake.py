@@ -1,6 +1,6 @@
 """Fake (meta) implementations of the nvfp4kv ops, for torch.compile, export and meta tensors.
 
-Every argument check lives once, in C++ (cpp/src/append_checks.cpp, cpp/src/mla_checks.cpp,
+Every argument check lives once, in C++ (cpp/src/append_checks.cpp, cpp/src/mla_checks.cpp, cpp/src/rope_checks.cpp,
 cpp/src/dequantize_arguments.cpp), and runs whenever the op runs: eagerly, and inside compiled or exported
 code before the kernel writes anything, raising the same ValueError. The fakes only do what tracing needs:
 the output shape of dequantize, and the one rule that exists only for traced code (caches sharing a storage, below).
@@ -179,6 +179,90 @@ def _append_paged_mla_kv_cache_with_slot_mapping_fake(
     _check_traced_mla_append("append_paged_mla_kv_cache_with_slot_mapping", append_ckv, append_kpe,
                              [(slot_mapping, "slot_mapping")], [], (ckv_cache, ckv_sf_cache, kpe_cache),
                              (ckv_scale_tensor, kpe_scale_tensor))  # fmt: skip
+
+
+def _check_traced_rope_append(op: str, key, value, rows, tables, caches, scale_tensors, rotation) -> None:
+    """The fused RoPE appends' counterpart of _check_traced_append: `rotation` (query, cos_sin_cache,
+    rope_positions, q_out, k_out, q_scale_tensor)."""
+    query, cos_sin_cache, rope_positions, q_out, k_out, q_scale_tensor = rotation
+    k_cache, v_cache, k_cache_sf, v_cache_sf = caches
+    devices = [(value, "value"), *rows, (k_cache, "paged_kv_cache"), (k_cache_sf, "kv_cache_sf"), *tables,
+               (v_cache, "paged_kv_cache[1]"), (v_cache_sf, "kv_cache_sf[1]"), (query, "query"),
+               (cos_sin_cache, "cos_sin_cache"), (rope_positions, "rope_positions"), (q_out, "q_out"),
+               (k_out, "k_out")]  # fmt: skip
+    scales = list(zip((*scale_tensors, q_scale_tensor), ("k_scale", "v_scale", "q_scale")))
+    _refuse_mixed_devices(op, key, devices, scales, "key")
+    written = [*zip(caches, _cache_names(v_cache)), (q_out, "q_out"), (k_out, "k_out")]
+    others = [(key, "key"), (value, "value"), *rows, *tables, (query, "query"), (cos_sin_cache, "cos_sin_cache"),
+              (rope_positions, "rope_positions"), *scales]  # fmt: skip
+    _refuse_shared_storage_under_compile(op, written, others)
+
+
+@torch.library.register_fake("nvfp4kv::rope_append_paged_kv_cache")
+def _rope_append_paged_kv_cache_fake(
+    append_key,
+    append_value,
+    batch_indices,
+    positions,
+    k_cache,
+    v_cache,
+    k_cache_sf,
+    v_cache_sf,
+    kv_indices,
+    kv_indptr,
+    kv_last_page_len,
+    k_scale,
+    v_scale,
+    kv_layout,
+    k_scale_tensor,
+    v_scale_tensor,
+    v_sf_layout,
+    scale_search,
+    query,
+    cos_sin_cache,
+    rope_positions,
+    q_out,
+    k_out,
+    is_neox,
+    q_scale,
+    q_scale_tensor,
+) -> None:
+    rows = [(batch_indices, "batch_indices"), (positions, "positions")]
+    tables = [(kv_indices, "kv_indices"), (kv_indptr, "kv_indptr"), (kv_last_page_len, "kv_last_page_len")]
+    _check_traced_rope_append("rope_append_paged_kv_cache", append_key, append_value, rows, tables,
+                              (k_cache, v_cache, k_cache_sf, v_cache_sf), (k_scale_tensor, v_scale_tensor),
+                              (query, cos_sin_cache, rope_positions, q_out, k_out, q_scale_tensor))  # fmt: skip
+
+
+@torch.library.register_fake("nvfp4kv::rope_append_paged_kv_cache_with_slot_mapping")
+def _rope_append_paged_kv_cache_with_slot_mapping_fake(
+    append_key,
+    append_value,
+    slot_mapping,
+    k_cache,
+    v_cache,
+    k_cache_sf,
+    v_cache_sf,
+    k_scale,
+    v_scale,
+    kv_layout,
+    k_scale_tensor,
+    v_scale_tensor,
+    v_sf_layout,
+    scale_search,
+    query,
+    cos_sin_cache,
+    rope_positions,
+    q_out,
+    k_out,
+    is_neox,
+    q_scale,
+    q_scale_tensor,
+) -> None:
+    _check_traced_rope_append("rope_append_paged_kv_cache_with_slot_mapping", append_key, append_value,
+                              [(slot_mapping, "slot_mapping")], [], (k_cache, v_cache, k_cache_sf, v_cache_sf),
+                              (k_scale_tensor, v_scale_tensor),
+                              (query, cos_sin_cache, rope_positions, q_out, k_out, q_scale_tensor))  # fmt: skip
 
 
 @torch.library.register_fake("nvfp4kv::dequantize")

@@ -10,6 +10,7 @@ import torch
 from .append import nvfp4_quantize_append_paged_kv_cache, nvfp4_quantize_append_paged_kv_cache_with_slot_mapping  # noqa: F401  (the FlashInfer module path nvfp4kv.page.*)
 from .arguments import Cache, Scale, check_python_types, scale_argument, split_cache
 from .mla import nvfp4_quantize_append_paged_mla_kv_cache, nvfp4_quantize_append_paged_mla_kv_cache_with_slot_mapping  # noqa: F401  (the FlashInfer module path nvfp4kv.page.*)
+from .rope import rope_quantize_nvfp4_append_paged_kv_cache, rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping  # noqa: F401
 
 # The helpers check metadata (Python types, dtypes, shapes, devices) on the host; index values are
 # device data, which they either handle safely whatever it holds or, where they synchronise anyway,

@@ -3,28 +3,13 @@
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 
-#include "../append_checks.h"
 #include <algorithm>
+
+#include "../append_checks.h"
+#include "head_row_quantizer.h"
 
 namespace nvfp4kv {
 namespace {
-
-// Quantizes one head row of head_dim values into head_dim/2 data bytes and head_dim/16 scale bytes.
-void quantize_head_row(const AppendParams& p, const uint16_t* src, float global_scale, uint8_t* data,
-                       const CacheView& scales, bool trtllm_scales, int64_t page, int64_t entry, int64_t head) {
-  const int64_t blocks = p.head_dim / codec::kBlockSize;
-  for (int64_t block = 0; block < blocks; ++block) {
-    float x[codec::kBlockSize];
-    for (int j = 0; j < codec::kBlockSize; ++j) {
-      const uint16_t bits = src[block * codec::kBlockSize + j];
-      x[j] = p.input_is_bf16 ? codec::bf16_bits_to_float(bits) : codec::fp16_bits_to_float(bits);
-    }
-    uint64_t packed;
-    *scale_address(scales, trtllm_scales, page, entry, head, block, blocks) =
-        quantize_block_with_recipe(p, x, global_scale, packed);
-    for (int k = 0; k < codec::kBlockBytes; ++k) data[block * codec::kBlockBytes + k] = uint8_t(packed >> (8 * k));
-  }
-}
 
 void append_rows(const AppendParams& p, int64_t begin, int64_t end) {
   const float k_scale = global_scale(p, false);
