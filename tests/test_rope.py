@@ -1,0 +1,524 @@
+"""The fused RoPE + NVFP4 appends (docs/SPEC.md section 5) against the pure-PyTorch reference
+(python/nvfp4kv/reference_rope.py), on every device.
+
+Every comparison is of bytes: the whole storage behind both caches (poisoned with random bytes), Q out (fresh,
+preallocated over poison, in place in query, or FP8), k_out, and the whole storage behind query/key/value (in-place
+Q out writes query's bytes and nothing else). On CUDA the CPU op's bytes must match too. The parameter grid is an
+all-pairs cover (tests/rope_cases.py: pairwise), not a full product.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import assert_no_synchronisation_or_allocation, assert_same_caches, has_cuda, seed_of
+
+import nvfp4kv
+from nvfp4kv import reference_rope
+
+from append_cases import cache_bytes
+from rope_cases import RopeCase, cos_sin_table, make_rope_case, pairwise
+
+OP = "rope_append_paged_kv_cache"
+FP8 = torch.float8_e4m3fn
+Q_MODES = ("new", "given", "in_place", "fp8", "fp8_given")
+
+
+def _poison(shape, dtype: torch.dtype, device, seed: int) -> torch.Tensor:
+    """A [n, H, D] view (head dim padded by one, so not contiguous) of random bytes as `dtype`."""
+    n, heads, head_dim = shape
+    item = torch.empty(0, dtype=dtype).element_size()
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (n, heads + 1, head_dim * item), dtype=torch.uint8, generator=g)
+    return raw.view(dtype)[:, :heads].to(device)
+
+
+def call(module, case: RopeCase, *, slots=False, q_mode="new", k_out=True, device_scales=False, **options):
+    """One call of the op (module nvfp4kv) or of the reference (module reference_rope) on `case`; returns
+    (the returned Q out, the q_out argument or None, the k_out argument or None)."""
+    device = case.query.device
+    scale = (lambda v: torch.tensor([v], dtype=torch.float32, device=device)) if device_scales else float
+    kwargs = dict(is_neox=case.is_neox, **options)
+    if q_mode == "given":
+        kwargs["q_out"] = _poison(case.query.shape, case.query.dtype, device, 1)
+    elif q_mode == "in_place":
+        kwargs["q_out"] = case.query
+    elif q_mode == "fp8":
+        kwargs["q_out_dtype"] = FP8
+    elif q_mode == "fp8_given":
+        kwargs["q_out"] = _poison(case.query.shape, FP8, device, 2)
+    if q_mode.startswith("fp8"):
+        kwargs["q_scale"] = scale(case.q_scale)
+    if k_out:
+        kwargs["k_out"] = _poison(case.key.shape, case.key.dtype, device, 3)
+    scales = (scale(case.k_scale), scale(case.v_scale))
+    if slots:
+        args = (*case.slot_args()[:8], *scales, case.kv_layout)
+        result = module.rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping(*args, **kwargs)
+    else:
+        args = (*case.args()[:12], *scales, case.kv_layout)
+        result = module.rope_quantize_nvfp4_append_paged_kv_cache(*args, **kwargs)
+    return result, kwargs.get("q_out"), kwargs.get("k_out")
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a tensor's elements (not of its storage), on the CPU."""
+    return t.contiguous().cpu().view(torch.uint8)
+
+
+def assert_rope_matches(case: RopeCase, device: str, what: str = "", **kw) -> tuple:
+    """Calls the op on `device` and the reference on the CPU, each on its own copy of the case, and compares
+    caches, Q out, k_out and the input storage byte for byte (on CUDA the CPU op's too). Returns the device
+    side's (case, call result)."""
+    ours = case.to(device)
+    sides = [(ours, call(nvfp4kv, ours, **kw))]
+    theirs = case.cloned()
+    expected = call(reference_rope, theirs, **kw)
+    if device != "cpu":
+        on_cpu = case.cloned()
+        sides.append((on_cpu, call(nvfp4kv, on_cpu, **kw)))
+        torch.cuda.synchronize()
+    q_mode = kw.get("q_mode", "new")
+    for (side, (q, q_out, k_out)), label in zip(sides, (device, "cpu")):
+        tag = f"{what} {label} vs reference:".lstrip()
+        assert_same_caches(side, theirs, tag)
+        assert q.shape == case.query.shape, f"{tag} q shape {tuple(q.shape)}"
+        assert q.dtype == (FP8 if q_mode.startswith("fp8") else case.query.dtype), f"{tag} q dtype {q.dtype}"
+        if q_out is not None:
+            assert q.data_ptr() == q_out.data_ptr() and q.stride() == q_out.stride(), f"{tag} q_out not returned"
+        else:
+            assert q.is_contiguous(), f"{tag} a fresh q_out must be contiguous, got strides {q.stride()}"
+        got, want = raw(q), raw(expected[0])
+        assert torch.equal(got, want), f"{tag} Q out: {int((got != want).sum())} of {got.numel()} bytes differ"
+        if k_out is not None:
+            got, want = raw(k_out), raw(expected[2])
+            assert torch.equal(got, want), f"{tag} k_out: {int((got != want).sum())} of {got.numel()} bytes differ"
+        got, want = cache_bytes(side.inputs()), cache_bytes(theirs.inputs())
+        assert torch.equal(got, want), f"{tag} inputs: {int((got != want).sum())} bytes differ"
+    return ours, sides[0][1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Byte equality with the reference over an all-pairs grid
+# ---------------------------------------------------------------------------------------------------------------
+
+GEOMETRIES = [(d, r) for d in (64, 128, 256) for r in sorted({d, d // 2, 64, 32, 20}, reverse=True) if r <= d]
+GRID = pairwise(
+    {
+        "geometry": GEOMETRIES,  # (head_dim, rotary_dim)
+        "q_mode": Q_MODES,
+        "is_neox": (True, False),
+        "dtype": (torch.bfloat16, torch.float16),
+        "table_dtype": (torch.float32, torch.float16, torch.bfloat16),
+        "heads": ((4, 2), (2, 2), (6, 1)),  # (num_qo_heads, num_kv_heads)
+        "index_dtype": (torch.int32, torch.int64),
+        "rope_index_dtype": (torch.int64, torch.int32),
+        "layout": ("NHD", "HND"),
+        "stacked": (False, True),
+        "strided_cache": (False, True),
+        "packed": (True, False),
+        "v_sf_layout": ("linear", "trtllm"),
+        "scale_search": ("none", "4over6"),
+        "slots": (False, True),
+        "device_scales": (False, True),
+        "decode": (False, True),
+        "k_out": (True, False),
+        "special_values": (True, False),
+    },
+    seed=21,
+)
+
+
+def _grid_id(p: dict) -> str:
+    d, r = p["geometry"]
+    short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+             torch.int64: "i64"}  # fmt: skip
+    flags = [name for name in ("stacked", "strided_cache", "packed", "slots", "device_scales", "decode", "k_out",
+                               "special_values") if p[name]]  # fmt: skip
+    return "-".join([f"D{d}R{r}", p["q_mode"], "neox" if p["is_neox"] else "gptj", short[p["dtype"]],
+                     "table_" + short[p["table_dtype"]], "H{}x{}".format(*p["heads"]), short[p["index_dtype"]],
+                     "pos_" + short[p["rope_index_dtype"]], p["layout"], p["v_sf_layout"], p["scale_search"],
+                     *flags])  # fmt: skip
+
+
+@pytest.mark.parametrize("params", GRID, ids=[_grid_id(p) for p in GRID])
+def test_matches_reference(params, device):
+    p = params
+    (head_dim, rotary_dim), (num_qo_heads, num_kv_heads) = p["geometry"], p["heads"]
+    seed = seed_of(_grid_id(p))
+    case = make_rope_case(
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        batch_size=6 if p["decode"] else 3,
+        decode=p["decode"],
+        layout=p["layout"],
+        stacked=p["stacked"],
+        strided_cache=p["strided_cache"] and p["v_sf_layout"] == "linear",  # "trtllm" needs contiguous tiles
+        packed=p["packed"],
+        dtype=p["dtype"],
+        index_dtype=p["index_dtype"],
+        rope_index_dtype=p["rope_index_dtype"],
+        table_dtype=p["table_dtype"],
+        is_neox=p["is_neox"],
+        special_values=p["special_values"] or p["q_mode"].startswith("fp8"),
+        seed=seed,
+    )
+    assert_rope_matches(
+        case,
+        device,
+        f"seed {seed}",
+        slots=p["slots"],
+        q_mode=p["q_mode"],
+        k_out=p["k_out"],
+        device_scales=p["device_scales"],
+        v_sf_layout=p["v_sf_layout"],
+        scale_search=p["scale_search"],
+    )
+
+
+def test_grid_covers_every_pair_and_stays_small():
+    assert len(GRID) <= 80, len(GRID)
+    assert {p["geometry"] for p in GRID} == set(GEOMETRIES)
+    assert {(p["geometry"], p["q_mode"]) for p in GRID} == {(g, q) for g in GEOMETRIES for q in Q_MODES}
+
+
+@pytest.mark.parametrize("q_mode", Q_MODES)
+def test_every_row_placed_and_no_padding(q_mode, device):
+    """nnz == n, every rope position in the table: the plain shape of a prefill chunk."""
+    case = make_rope_case(head_dim=128, padding_rows=0, invalid_positions=False, seed=seed_of("all rows", q_mode))
+    assert_rope_matches(case, device, q_mode=q_mode)
+
+
+def test_large_prefill_matches_reference(device):
+    """A call of a few thousand rows with an odd count (CUDA kernels take their multi-block paths)."""
+    case = make_rope_case(num_qo_heads=8, num_kv_heads=2, head_dim=128, batch_size=9, max_tokens=400,
+                          page_size=64, seed=77)  # fmt: skip
+    assert case.query.shape[0] >= 1000 and case.query.shape[0] % 2 == 1, case.query.shape
+    assert_rope_matches(case, device, "seed 77", q_mode="given")
+    assert_rope_matches(case, device, "seed 77 slots fp8", q_mode="fp8", slots=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows that are not placed, and the unfused pipeline
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("slots", [False, True])
+def test_positions_outside_the_table_write_nothing_and_zero_q(slots, device):
+    """Every rope position is -1 or max_pos: the caches keep their poison, Q out (over poison) and k_out are zeros,
+    FP8 Q out +0 bytes."""
+    case = make_rope_case(seed=seed_of("invalid", slots))
+    max_pos = case.cos_sin_cache.shape[0]
+    case.rope_positions = torch.where(torch.arange(case.query.shape[0]) % 2 == 0, -1, max_pos).to(torch.int32)
+    ours = case.to(device)
+    before = cache_bytes(ours.paged_kv_cache), cache_bytes(ours.kv_cache_sf)
+    for q_mode in ("given", "fp8_given", "new"):
+        q, _, k_out = call(nvfp4kv, ours, slots=slots, q_mode=q_mode)
+        assert raw(q).eq(0).all() and raw(k_out).eq(0).all(), q_mode
+    assert torch.equal(cache_bytes(ours.paged_kv_cache), before[0])
+    assert torch.equal(cache_bytes(ours.kv_cache_sf), before[1])
+
+
+def test_equals_rope_then_the_unfused_append(device):
+    """The cache bytes of the fused op equal those of reference RoPE on K followed by the compiled plain append."""
+    case = make_rope_case(head_dim=128, rotary_dim=64, padding_rows=0, invalid_positions=False, seed=31)
+    fused = case.to(device)
+    q, _, _ = call(nvfp4kv, fused, q_mode="new")
+    unfused = case.to(device)
+    key, _ = reference_rope.apply_rope(unfused.key, unfused.cos_sin_cache, unfused.rope_positions, case.is_neox)
+    nvfp4kv.nvfp4_quantize_append_paged_kv_cache(key, *unfused.args()[2:3], *unfused.args()[5:])
+    assert_same_caches(fused, unfused, "fused vs rope -> append:")
+    expected_q, _ = reference_rope.apply_rope(unfused.query, unfused.cos_sin_cache, unfused.rope_positions,
+                                              case.is_neox)  # fmt: skip
+    assert torch.equal(raw(q), raw(expected_q))
+
+
+def test_device_scales_equal_float_scales(device):
+    """[1] float32 tensors of k_scale, v_scale and q_scale on the inputs' device give the bytes of floats."""
+    case = make_rope_case(special_values=True, seed=41)
+    as_floats, (q_floats, _, _) = assert_rope_matches(case, device, q_mode="fp8")
+    as_tensors = case.to(device)
+    q_tensors, _, _ = call(nvfp4kv, as_tensors, q_mode="fp8", device_scales=True)
+    assert_same_caches(as_floats, as_tensors, "scale tensors vs floats:")
+    assert torch.equal(raw(q_floats), raw(q_tensors))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors: named before anything is written
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _shifted(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """t's view geometry moved by `elements` inside its storage."""
+    return t.as_strided(t.shape, t.stride(), t.storage_offset() + elements)
+
+
+def _args(c: RopeCase, **positional):
+    return [positional.get(name, value) for name, value in zip(ARG_NAMES, c.args())]
+
+
+ARG_NAMES = ("query", "key", "value", "cos_sin_cache", "rope_positions", "batch_indices", "positions",
+             "paged_kv_cache", "kv_cache_sf", "kv_indices", "kv_indptr", "kv_last_page_len", "k_scale", "v_scale",
+             "kv_layout")  # fmt: skip
+
+
+def _longer_placement(c: RopeCase) -> dict:
+    n, nnz = c.query.shape[0], c.batch_indices.numel()
+    extra = n - nnz + 1
+    return dict(batch_indices=torch.cat([c.batch_indices, c.batch_indices[:1].repeat(extra)]),
+                positions=torch.cat([c.positions, c.positions[:1].repeat(extra)]))  # fmt: skip
+
+
+def _empty(c: RopeCase, heads: int, head_dim: int, dtype) -> torch.Tensor:
+    return torch.zeros(c.query.shape[0], heads, head_dim, dtype=dtype, device=c.query.device)
+
+
+# (id, change: case -> (positional changes, keyword changes), the argument the message must name)
+BAD = [
+    ("table_1d", lambda c: (dict(cos_sin_cache=c.cos_sin_cache.flatten()), {}), "cos_sin_cache"),
+    ("table_3d", lambda c: (dict(cos_sin_cache=c.cos_sin_cache[None]), {}), "cos_sin_cache"),
+    ("table_float64", lambda c: (dict(cos_sin_cache=c.cos_sin_cache.double()), {}), "cos_sin_cache"),
+    ("table_int32", lambda c: (dict(cos_sin_cache=c.cos_sin_cache.to(torch.int32)), {}), "cos_sin_cache"),
+    ("rotary_dim_odd", lambda c: (dict(cos_sin_cache=c.cos_sin_cache[:, :31]), {}), "cos_sin_cache"),
+    ("rotary_dim_above_head_dim", lambda c: (dict(cos_sin_cache=cos_sin_table(40, 80, torch.float32)), {}),
+     "cos_sin_cache"),
+    ("table_not_contiguous", lambda c: (dict(cos_sin_cache=c.cos_sin_cache.repeat(1, 2)[:, ::2]), {}),
+     "cos_sin_cache"),
+    ("query_float32", lambda c: (dict(query=c.query.float()), {}), "query"),
+    ("query_dtype", lambda c: (dict(query=c.query.half()), {}), "query"),
+    ("query_head_dim", lambda c: (dict(query=c.query[..., :48]), {}), "query"),
+    ("query_rows", lambda c: (dict(query=c.query[1:]), {}), "query"),
+    ("query_2d", lambda c: (dict(query=c.query[:, 0]), {}), "query"),
+    ("query_not_contiguous", lambda c: (dict(query=c.query.repeat(1, 1, 2)[..., ::2]), {}), "query"),
+    ("value_dtype", lambda c: (dict(value=c.value.half()), {}), "value"),
+    ("value_heads", lambda c: (dict(value=c.value[:, :1]), {}), "value"),
+    ("value_head_dim", lambda c: (dict(value=c.value[..., :48]), {}), "value"),
+    ("rope_positions_count", lambda c: (dict(rope_positions=c.rope_positions[1:]), {}), "rope_positions"),
+    ("rope_positions_float", lambda c: (dict(rope_positions=c.rope_positions.float()), {}), "rope_positions"),
+    ("batch_indices_longer_than_n", lambda c: (_longer_placement(c), {}), "batch_indices"),
+    ("q_scale_with_16_bit_q", lambda c: ({}, dict(q_scale=0.5)), "q_scale"),
+    ("fp8_q_without_q_scale", lambda c: ({}, dict(q_out_dtype=FP8)), "q_scale"),
+    ("fp8_q_out_without_q_scale", lambda c: ({}, dict(q_out=_empty(c, 4, 64, FP8))), "q_scale"),
+    ("q_scale_negative", lambda c: ({}, dict(q_out_dtype=FP8, q_scale=-1.0)), "q_scale"),
+    ("q_scale_nan", lambda c: ({}, dict(q_out_dtype=FP8, q_scale=float("nan"))), "q_scale"),
+    ("q_out_dtype_float32", lambda c: ({}, dict(q_out_dtype=torch.float32)), "q_out_dtype"),
+    ("q_out_shape", lambda c: ({}, dict(q_out=_empty(c, 4, 80, c.query.dtype))), "q_out"),
+    ("q_out_heads", lambda c: ({}, dict(q_out=_empty(c, 3, 64, c.query.dtype))), "q_out"),
+    ("q_out_float32", lambda c: ({}, dict(q_out=_empty(c, 4, 64, torch.float32))), "q_out"),
+    ("q_out_in_place_as_fp8", lambda c: ({}, dict(q_out=c.query, q_out_dtype=FP8, q_scale=0.5)), "q_out"),
+    ("q_out_overlaps_query_and_key", lambda c: ({}, dict(q_out=_shifted(c.query, 64))), "q_out"),
+    ("q_out_expanded", lambda c: ({}, dict(q_out=_empty(c, 1, 64, c.query.dtype).expand(-1, 4, -1))), "q_out"),
+    ("k_out_shape", lambda c: ({}, dict(k_out=_empty(c, 3, 64, c.key.dtype))), "k_out"),
+    ("k_out_dtype", lambda c: ({}, dict(k_out=_empty(c, 2, 64, torch.float16))), "k_out"),
+    ("k_out_overlaps_value", lambda c: ({}, dict(k_out=_shifted(c.value, -64))), "k_out"),
+    ("k_out_is_key", lambda c: ({}, dict(k_out=c.key)), "k_out"),
+    ("k_out_overlaps_q_out", lambda c: ({}, dict(q_out=c.query, k_out=c.query[:, :2])), "k_out"),
+    ("kv_layout", lambda c: (dict(kv_layout="NDH"), {}), "kv_layout"),
+    ("k_scale_negative", lambda c: (dict(k_scale=-1.0), {}), "k_scale"),
+    ("v_scale_inf", lambda c: (dict(v_scale=float("inf")), {}), "v_scale"),
+    ("v_sf_layout", lambda c: ({}, dict(v_sf_layout="swizzled")), "v_sf_layout"),
+    ("scale_search", lambda c: ({}, dict(scale_search="exhaustive")), "scale_search"),
+]  # fmt: skip
+
+
+def _bad_input_case() -> RopeCase:
+    """bf16, Hq 4, Hkv 2, D 64, R 32, q/k/v views of one packed qkv tensor (BAD's sizes assume these)."""
+    return make_rope_case(num_qo_heads=4, num_kv_heads=2, head_dim=64, rotary_dim=32, packed=True, seed=5)
+
+
+def _assert_refused(call_op, case: RopeCase, argument: str, extra_outputs=()) -> None:
+    before = [cache_bytes(case.paged_kv_cache), cache_bytes(case.kv_cache_sf), cache_bytes(case.inputs())]
+    before += [raw(t) for t in extra_outputs]
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=rf"\b{argument}\b") as error:
+        call_op()
+    message = str(error.value)
+    assert "got" in message, message
+    after = [cache_bytes(case.paged_kv_cache), cache_bytes(case.kv_cache_sf), cache_bytes(case.inputs())]
+    after += [raw(t) for t in extra_outputs]
+    for name, x, y in zip(("paged_kv_cache", "kv_cache_sf", "inputs", "q_out", "k_out"), before, after):
+        assert torch.equal(x, y), f"{name} changed by a refused call: {message}"
+
+
+@pytest.mark.parametrize("change,argument", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_named_and_writes_nothing(change, argument, device):
+    case = _bad_input_case().to(device)
+    positional, keywords = change(case)
+    keywords = dict(dict(is_neox=case.is_neox), **keywords)
+    args = _args(case, **positional)
+    outputs = [t for t in (keywords.get("q_out"), keywords.get("k_out")) if isinstance(t, torch.Tensor)]
+    _assert_refused(lambda: nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*args, **keywords), case, argument,
+                    outputs)  # fmt: skip
+
+
+@pytest.mark.parametrize("argument", ["slot_mapping", "rope_positions", "cos_sin_cache", "q_scale"])
+def test_bad_input_of_the_slot_mapping_variant_is_named(argument, device):
+    case = _bad_input_case().to(device)
+    n = case.query.shape[0]
+    args = list(case.slot_args())
+    keywords = dict(is_neox=case.is_neox)
+    if argument == "slot_mapping":
+        args[5] = torch.full((n + 1,), -1, dtype=case.slot_mapping.dtype, device=device)  # longer than n
+    elif argument == "rope_positions":
+        args[4] = case.rope_positions[:-1]
+    elif argument == "cos_sin_cache":
+        args[3] = case.cos_sin_cache[:, :-1]  # odd rotary_dim
+    else:
+        keywords["q_out_dtype"] = FP8
+    _assert_refused(
+        lambda: nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping(*args, **keywords), case, argument
+    )
+
+
+def test_inputs_on_another_device_are_named():
+    if not has_cuda():
+        pytest.skip("needs a CUDA GPU and a build with the CUDA kernels")
+    case = _bad_input_case().to("cuda")
+    for name in ("query", "cos_sin_cache", "rope_positions"):
+        args = _args(case, **{name: getattr(case, name).cpu()})
+        _assert_refused(lambda args=args: nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*args), case, name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch.compile, opcheck
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_compiled_fullgraph_equals_eager(device):
+    """A compiled function that calls the op returns Q out and mutates the caller's caches in place: the same bytes
+    as eager calls, for a fresh FP8 Q out and for Q rotated in place in query."""
+
+    def fresh_fp8(query, key, value, cos_sin, rope_positions, batch, positions, caches, scales, indices, indptr,
+                  last, k_scale, v_scale, layout):  # fmt: skip
+        q = nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(
+            query, key, value, cos_sin, rope_positions, batch, positions, caches, scales, indices, indptr, last,
+            k_scale, v_scale, layout, is_neox=False, q_out_dtype=FP8, q_scale=0.5,
+        )  # fmt: skip
+        return q.view(torch.uint8).float().sum(), q
+
+    def in_place(query, key, value, cos_sin, rope_positions, batch, positions, caches, scales, indices, indptr,
+                 last, k_scale, v_scale, layout):  # fmt: skip
+        return nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(
+            query, key, value, cos_sin, rope_positions, batch, positions, caches, scales, indices, indptr, last,
+            k_scale, v_scale, layout, q_out=query,
+        )  # fmt: skip
+
+    for fn, seed in ((fresh_fp8, 51), (in_place, 52)):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True)
+        # Written tensors sharing a storage with another argument are refused under compile: a stacked cache or K
+        # and V allocated separately, and Q rotated in place only when query is not a view of a packed qkv.
+        case = make_rope_case(head_dim=64, rotary_dim=32, packed=seed == 51, stacked=seed == 51, special_values=True,
+                              seed=seed)  # fmt: skip
+        if seed == 52:
+            case.paged_kv_cache = tuple(t.clone() for t in case.paged_kv_cache)
+            case.kv_cache_sf = tuple(t.clone() for t in case.kv_cache_sf)
+        ours, eager = case.to(device), case.to(device)
+        got, want = compiled(*ours.args()), fn(*eager.args())
+        got_q, want_q = (got[1], want[1]) if fn is fresh_fp8 else (got, want)
+        assert torch.equal(raw(got_q), raw(want_q)), fn.__name__
+        if fn is fresh_fp8:
+            assert torch.equal(got[0], want[0])
+        assert_same_caches(ours, eager, f"{fn.__name__} compiled vs eager:")
+        assert torch.equal(cache_bytes(ours.inputs()), cache_bytes(eager.inputs())), fn.__name__
+
+
+def _op_arguments(case: RopeCase, q_out: torch.Tensor, k_out: torch.Tensor) -> tuple:
+    """The arguments of torch.ops.nvfp4kv.rope_append_paged_kv_cache for a tuple-cache case."""
+    (k, v), (k_sf, v_sf) = case.paged_kv_cache, case.kv_cache_sf
+    return (case.key, case.value, case.batch_indices, case.positions, k, v, k_sf, v_sf, case.kv_indices,
+            case.kv_indptr, case.kv_last_page_len, case.k_scale, case.v_scale, case.kv_layout, None, None, "linear",
+            "none", case.query, case.cos_sin_cache, case.rope_positions, q_out, k_out, case.is_neox, None,
+            None)  # fmt: skip
+
+
+def test_opcheck(device):
+    case = make_rope_case(head_dim=64, rotary_dim=32, invalid_positions=False, seed=61).to(device)
+    q_out = torch.empty_like(case.query, memory_format=torch.contiguous_format)
+    k_out = torch.empty_like(case.key, memory_format=torch.contiguous_format)
+    op = torch.ops.nvfp4kv.rope_append_paged_kv_cache.default
+    # test_schema compares float8 tensors with arithmetic torch lacks for float8; these are the ones that run.
+    torch.library.opcheck(
+        op,
+        _op_arguments(case, q_out, k_out),
+        test_utils=("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CUDA: graphs with device scales, no synchronisation or allocation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU and a build with the CUDA kernels")
+@pytest.mark.parametrize("slots", [False, True])
+def test_cuda_graph_replay_reads_device_scales(slots):
+    """A captured decode step reads k/v/q scales, inputs and indices from device memory at each replay: the bytes
+    equal the reference's with the values they hold then."""
+    case = make_rope_case(num_qo_heads=8, num_kv_heads=2, head_dim=128, rotary_dim=64, batch_size=8, decode=True,
+                          padding_rows=3, special_values=True, seed=71 + slots)  # fmt: skip
+    static = case.to("cuda")
+    scales = {name: torch.tensor([getattr(case, name)], device="cuda") for name in ("k_scale", "v_scale", "q_scale")}
+    q_out = torch.empty(static.query.shape, dtype=FP8, device="cuda")
+    k_out = torch.empty(static.key.shape, dtype=static.key.dtype, device="cuda")
+
+    def step():
+        kwargs = dict(is_neox=case.is_neox, q_out=q_out, q_scale=scales["q_scale"], k_out=k_out)
+        if slots:
+            nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping(
+                *static.slot_args()[:8], scales["k_scale"], scales["v_scale"], static.kv_layout, **kwargs
+            )
+        else:
+            nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(
+                *static.args()[:12], scales["k_scale"], scales["v_scale"], static.kv_layout, **kwargs
+            )
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture, as torch recommends
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for replay in range(3):
+        g = torch.Generator().manual_seed(700 + replay)
+        for t in static.inputs():
+            t.copy_(torch.randn(t.shape, generator=g).mul_(4).to(t.dtype))
+        max_pos = static.cos_sin_cache.shape[0]
+        static.rope_positions.copy_(torch.randint(-1, max_pos + 1, static.rope_positions.shape, generator=g))
+        for name, factor in (("k_scale", 1.5), ("v_scale", 0.75), ("q_scale", 0.5)):
+            scales[name].mul_(factor)
+        expected = static.to("cpu")  # the state the replay starts from
+        floats = {name: float(t) for name, t in scales.items()}
+        expected = dataclasses.replace(expected, **floats)
+        graph.replay()
+        torch.cuda.synchronize()
+        want_q, _, want_k = call(reference_rope, expected, slots=slots, q_mode="fp8")
+        assert_same_caches(static, expected, f"replay {replay}:")
+        assert torch.equal(raw(q_out), raw(want_q)), f"replay {replay}: Q out"
+        assert torch.equal(raw(k_out), raw(want_k)), f"replay {replay}: k_out"
+
+
+@pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU and a build with the CUDA kernels")
+def test_no_synchronisation_and_no_allocation_when_q_out_is_given():
+    case = make_rope_case(num_qo_heads=8, num_kv_heads=2, head_dim=128, batch_size=8, decode=True, seed=81)
+    case = case.to("cuda")
+    q_out = torch.empty(case.query.shape, dtype=case.query.dtype, device="cuda")
+    q_fp8 = torch.empty(case.query.shape, dtype=FP8, device="cuda")
+    k_out = torch.empty(case.key.shape, dtype=case.key.dtype, device="cuda")
+    scales = [torch.tensor([v], device="cuda") for v in (case.k_scale, case.v_scale, case.q_scale)]
+
+    def calls():
+        nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*case.args(), q_out=q_out, k_out=k_out)
+        nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*case.args(), q_out=case.query)
+        nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*case.args()[:12], scales[0], scales[1], case.kv_layout,
+                                                          q_out=q_fp8, q_scale=scales[2])  # fmt: skip
+        nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping(
+            *case.slot_args(), is_neox=False, q_out=q_fp8, q_scale=case.q_scale, k_out=k_out
+        )
+
+    assert_no_synchronisation_or_allocation(calls)
