@@ -191,6 +191,39 @@ TEST(Mla, HandComputedLatentRow) {
   EXPECT_TRUE(at::equal(ckv_cache, expected_ckv));
 }
 
+TEST(Rope, HandComputedQuarterTurn) {
+  // GPT-J pairs turned by a quarter (cos 0, sin 1): (x, y) -> (-y, x), exactly. The key is chosen so that its
+  // rotation is HandComputedTies' row, whose codes are known; V is that row itself. Q goes out in FP8 with
+  // q_scale 0.5: byte = E4M3(2 q). Row 1 is padding (nnz 1): rotated, not cached.
+  const std::vector<double> rotated{6.0,  0.25,  0.75,  1.25,  1.75,  2.5,  3.5,  5.0,
+                                    -6.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0};
+  std::vector<double> key_values(16);
+  for (int j = 0; j < 8; ++j) key_values[2 * j] = rotated[2 * j + 1], key_values[2 * j + 1] = -rotated[2 * j];
+  const at::Tensor row = at::tensor(rotated).to(at::kBFloat16).reshape({1, 1, 16});
+  const at::Tensor key = at::tensor(key_values).to(at::kBFloat16).reshape({1, 1, 16}).repeat({2, 1, 1});
+  const at::Tensor value = row.repeat({2, 1, 1});
+  at::Tensor table = at::zeros({4, 16}, at::kFloat);
+  table.slice(1, 8).fill_(1.0);  // cos 0, sin 1
+  at::Tensor cache = at::full({1, 2, 1, 1, 8}, 0xA5, at::kByte);
+  at::Tensor cache_sf = at::full({1, 2, 1, 1, 1}, 0x5A, at::kByte);
+  const at::Tensor zero = at::zeros({1}, at::kInt);
+  nvfp4kv::RopeOptions options;
+  options.is_neox = false;
+  options.q_out_dtype = at::kFloat8_e4m3fn;
+  options.q_scale = nvfp4kv::GlobalScale(0.5);
+  const at::Tensor q = nvfp4kv::rope_quantize_nvfp4_append_paged_kv_cache(
+      key, key, value, table, at::tensor({3, 0}, at::kInt), zero, zero, cache, cache_sf.view(at::kFloat8_e4m3fn), zero,
+      at::tensor({0, 1}, at::kInt), at::ones({1}, at::kInt), 1.0, 1.0, "NHD", options);
+  ASSERT_EQ(q.scalar_type(), at::kFloat8_e4m3fn);
+  EXPECT_TRUE(
+      at::equal(q.view(at::kByte), (row.repeat({2, 1, 1}).to(at::kFloat) * 2).to(at::kFloat8_e4m3fn).view(at::kByte)));
+  const std::vector<int> codes{7, 0, 2, 2, 4, 4, 6, 6, 15, 8, 10, 10, 12, 12, 14, 14};
+  for (int kv = 0; kv < 2; ++kv) {
+    EXPECT_EQ(cache_sf[0][kv][0][0][0].item<int64_t>(), 0x38);
+    for (int k = 0; k < 8; ++k) EXPECT_EQ(cache[0][kv][0][0][k].item<int64_t>(), codes[2 * k] | codes[2 * k + 1] << 4);
+  }
+}
+
 TEST(Append, TensorScaleWritesTheSameBytesAsAFloatScale) {
   Case c = make_case(9, "NHD", at::kBFloat16, at::kInt, false);
   const auto expected = expected_caches(c);
