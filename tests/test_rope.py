@@ -522,3 +522,37 @@ def test_no_synchronisation_and_no_allocation_when_q_out_is_given():
         )
 
     assert_no_synchronisation_or_allocation(calls)
+
+
+def test_torchscript_equals_eager(device):
+    @torch.jit.script
+    def scripted(key, value, batch, positions, k_cache, v_cache, k_sf, v_sf, indices, indptr, last,
+                 k_scale: float, v_scale: float, query, table, rope_positions, q_out):  # fmt: skip
+        torch.ops.nvfp4kv.rope_append_paged_kv_cache(
+            key, value, batch, positions, k_cache, v_cache, k_sf, v_sf, indices, indptr, last, k_scale, v_scale,
+            "NHD", None, None, "linear", "none", query, table, rope_positions, q_out, None, True, None, None,
+        )  # fmt: skip
+
+    case = make_rope_case(seed=seed_of("torchscript")).to(device)
+    ours, expected = case.cloned(), case.cloned()
+    (k_cache, v_cache), (k_sf, v_sf) = ours.paged_kv_cache, ours.kv_cache_sf
+    q_out = torch.empty_like(ours.query)
+    scripted(ours.key, ours.value, ours.batch_indices, ours.positions, k_cache, v_cache, k_sf, v_sf, ours.kv_indices,
+             ours.kv_indptr, ours.kv_last_page_len, ours.k_scale, ours.v_scale, ours.query, ours.cos_sin_cache,
+             ours.rope_positions, q_out)  # fmt: skip
+    q_expected = reference_rope.rope_quantize_nvfp4_append_paged_kv_cache(*expected.args(), is_neox=True)
+    assert torch.equal(cache_bytes(ours.paged_kv_cache), cache_bytes(expected.paged_kv_cache))
+    assert torch.equal(cache_bytes(ours.kv_cache_sf), cache_bytes(expected.kv_cache_sf))
+    assert torch.equal(q_out.view(torch.int16), q_expected.view(torch.int16))
+
+
+def test_debug_mode_names_a_bad_row(device):
+    case = make_rope_case(seed=seed_of("debug")).to(device)
+    case.positions = case.positions.clone()
+    case.positions[1] = -3
+    nvfp4kv.set_debug_checks(True)
+    try:
+        with pytest.raises(ValueError, match=r"\(debug check\): row 1: position -3 is negative"):
+            nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*case.args())
+    finally:
+        nvfp4kv.set_debug_checks(False)
