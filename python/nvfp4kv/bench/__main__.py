@@ -14,7 +14,7 @@ import torch
 import nvfp4kv
 
 from . import __doc__ as package_doc
-from .cases import Case, InputSets, MlaInputSets, benchmark_cases
+from .cases import Case, InputSets, MlaInputSets, RopeInputSets, benchmark_cases
 from .report import CaseResult, chart, table, write_json
 from .timing import (
     L2Flusher,
@@ -62,11 +62,26 @@ def progress_bar_class():
     return tqdm
 
 
+def graph_times(run, launches: int, samples: int, flush) -> List[float]:
+    """Per-launch times (us) of one CUDA graph of `launches` calls run(i), replayed `samples` times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(0)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(launches):
+            run(i)
+    times = time_samples(lambda i: graph.replay(), samples, 1, warmup=2, before_sample=flush)
+    return [t / launches for t in times]
+
+
 def run_case(case: Case, l2_bytes: int, ceiling: float, flusher: L2Flusher, args, bar) -> CaseResult:
     target = 4.5 * l2_bytes
     per_set = case.bytes_per_input_set
     count = max(2, min(args.max_sets, math.ceil(target / per_set)))
-    sets = (MlaInputSets if case.kpe_dim else InputSets)(case, count)
+    sets = (MlaInputSets if case.kpe_dim else RopeInputSets if case.q_heads else InputSets)(case, count)
     rotated = count * per_set
     flush = None if rotated >= target else flusher
     result = CaseResult.of(case, count, rotated, flush is not None)
@@ -84,19 +99,13 @@ def run_case(case: Case, l2_bytes: int, ceiling: float, flusher: L2Flusher, args
     # The kernel alone: one CUDA graph of `launches` calls over distinct input sets, replayed;
     # time per launch = replay time / launches.
     launches = min(count, args.graph_launches if case.kind == "decode" else calls)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        sets.append(0)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            sets.append(i)
-    times = time_samples(lambda i: graph.replay(), args.samples, 1, warmup=2, before_sample=flush)
-    result.kernel = rate(Stats.of([t / launches for t in times]), case.bytes_moved, ceiling)
+    result.kernel = rate(Stats.of(graph_times(sets.append, launches, args.samples, flush)), case.bytes_moved, ceiling)
     result.kernel["launches_per_graph"] = launches
-    del graph
+    if case.q_heads:  # the unfused pipeline the fused RoPE op replaces, timed the same way
+        sets.unfused(0)  # compiles it before the capture
+        result.unfused = rate(
+            Stats.of(graph_times(sets.unfused, launches, args.samples, flush)), case.bytes_moved, ceiling
+        )
     if case.kind == "decode":
         # Warm caches: a graph of the same number of launches cycling over as few sets as fit in a
         # quarter of L2, replayed back to back, so the inputs and index tensors are L2 hits.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -34,6 +34,8 @@ class Case:
     chart_baseline: bool = False  # its pure-PyTorch rate is a point of the chart too
     kpe_dim: int = 0  # > 0: an MLA latent append, ckv_dim = head_dim (one head), kpe_dim RoPE values
     page_size: int = PAGE_SIZE
+    q_heads: int = 0  # > 0: the fused RoPE + append, q_heads query heads (the unfused pipeline timed beside it)
+    q_fp8: bool = False  # the fused RoPE case's Q goes out in FP8 E4M3
 
     @property
     def bytes_moved(self) -> int:
@@ -42,7 +44,11 @@ class Case:
             c, r = self.head_dim, self.kpe_dim
             return self.nnz * (2 * (c + r) + c // 2 + c // 16 + r)
         values = self.nnz * self.heads * self.head_dim
-        return 2 * (2 * values + values // 2 + values // 16)
+        kv = 2 * (2 * values + values // 2 + values // 16)
+        if self.q_heads:  # Q read, Q written (16-bit or FP8)
+            q_values = self.nnz * self.q_heads * self.head_dim
+            return kv + (2 + (1 if self.q_fp8 else 2)) * q_values
+        return kv
 
     @property
     def requests(self) -> int:
@@ -115,6 +121,15 @@ def benchmark_cases() -> List[Case]:
         cases += [Case(f"mla p{page} decode nnz={n}", "decode", n, 512, "NHD", 1, page_size=page, **mla)
                   for n in (1, 8, 64, 256, 1024)]  # fmt: skip
         cases += [Case(f"mla p{page} prefill nnz={n}", "prefill", n, 512, "NHD", 1024, page_size=page, **mla)
+                  for n in (4096, 16384, 65536)]  # fmt: skip
+    # The fused RoPE + append of a Llama-3-8B layer (Hq 32, Hkv 8, D 128, rotary dim 128, NeoX pairs), Q out in
+    # bf16 and in FP8; the unfused pipeline (compiled RoPE, then the append) is timed beside each.
+    rope = dict(q_heads=32, baseline=False)
+    for fp8 in (False, True):
+        q = "fp8 q" if fp8 else "bf16 q"
+        cases += [Case(f"rope {q} decode nnz={n}", "decode", n, 128, "NHD", 1, q_fp8=fp8, **rope)
+                  for n in (1, 8, 64, 256)]  # fmt: skip
+        cases += [Case(f"rope {q} prefill nnz={n}", "prefill", n, 128, "NHD", 1024, q_fp8=fp8, **rope)
                   for n in (4096, 16384, 65536)]  # fmt: skip
     return cases
 
@@ -279,3 +294,71 @@ class InputSets:
             else:
                 cache.transpose(1, 2)[page, entry] = packed
                 sf.view(torch.uint8).transpose(1, 2)[page, entry] = scales.view(torch.uint8)
+
+
+def llama3_cos_sin_cache(max_pos: int, rotary_dim: int = 128) -> torch.Tensor:
+    """[max_pos, rotary_dim] float32 cos | sin of Llama 3.1's RoPE (theta 500000, its long-context scaling of the
+    inverse frequencies: factor 8, low / high frequency factors 1 / 4, original context 8192)."""
+    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    wavelength = 2 * math.pi / inv_freq
+    low, high = 8192 / 1.0, 8192 / 4.0  # wavelengths beyond `low` are scaled by 1/8, below `high` kept
+    smooth = (8192 / wavelength - 1.0) / (4.0 - 1.0)
+    scaled = torch.where(wavelength > low, inv_freq / 8, inv_freq)
+    mid = (wavelength <= low) & (wavelength >= high)
+    scaled = torch.where(mid, (1 - smooth) * inv_freq / 8 + smooth * inv_freq, scaled)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * scaled[None]
+    return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
+
+
+class RopeInputSets(InputSets):
+    """InputSets of a fused RoPE case: Q, K and V as views of one packed [nnz, Hq + 2 Hkv, D] projection output,
+    a preallocated Q out per set, and the Llama 3.1 cos/sin table over every position the sets use."""
+
+    def __init__(self, case: Case, count: int, seed: int = 0):
+        super().__init__(case, count, seed)
+        g = torch.Generator(device="cuda").manual_seed(seed + 1)
+        hq, hkv, d = case.q_heads, case.heads, case.head_dim
+        max_pos = max(int(s["positions"].max()) for s in self.sets) + 1
+        self.cos_sin_cache = llama3_cos_sin_cache(max_pos, d).cuda()
+        q_dtype = torch.float8_e4m3fn if case.q_fp8 else DTYPE
+        for s in self.sets:
+            qkv = torch.randn(case.nnz, hq + 2 * hkv, d, generator=g, device="cuda").to(DTYPE)
+            s["query"], s["key"], s["value"] = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+            s["q_out"] = torch.empty(case.nnz, hq, d, dtype=q_dtype, device="cuda")
+            s["q_scale"] = float(qkv[:, :hq].float().abs().max()) / 448 if case.q_fp8 else None
+
+    def append(self, i: int) -> None:
+        s = self.sets[i % len(self.sets)]
+        nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(
+            s["query"], s["key"], s["value"], self.cos_sin_cache, s["positions"], s["batch_indices"], s["positions"],
+            (self.k_cache, self.v_cache), (self.k_sf, self.v_sf), s["kv_indices"], s["kv_indptr"],
+            s["kv_last_page_len"], s["k_scale"], s["v_scale"], q_out=s["q_out"], q_scale=s["q_scale"],
+        )  # fmt: skip
+
+    def unfused(self, i: int) -> None:
+        """The pipeline a user writes without the fused op: a compiled RoPE of Q and K, then the append."""
+        s = self.sets[i % len(self.sets)]
+        _, k = _compiled_rope(s["query"], s["key"], self.cos_sin_cache, s["positions"], s["q_scale"])
+        nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
+            k, s["value"], s["batch_indices"], s["positions"], (self.k_cache, self.v_cache), (self.k_sf, self.v_sf),
+            s["kv_indices"], s["kv_indptr"], s["kv_last_page_len"], s["k_scale"], s["v_scale"],
+        )  # fmt: skip
+
+
+def _rope_qk(query, key, cos_sin_cache, positions, q_scale: Optional[float]):
+    """NeoX RoPE of Q and K over the whole head (vLLM's forward_native, in float32), Q in FP8 when q_scale is given."""
+    half = cos_sin_cache.shape[1] // 2
+    cos_sin = cos_sin_cache[positions.long()]
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+
+    def rotate(x):
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+    q = rotate(query)
+    if q_scale is not None:
+        q = (q.float() / q_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q, rotate(key)
+
+
+_compiled_rope = torch.compile(_rope_qk, dynamic=False)

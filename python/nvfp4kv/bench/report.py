@@ -27,6 +27,7 @@ class CaseResult:
     eager: Dict[str, float] = field(default_factory=dict)  # per call, back-to-back eager calls
     torch_baseline: Dict[str, float] = field(default_factory=dict)
     same_size_copy: Dict[str, float] = field(default_factory=dict)  # prefill: a copy of the same bytes
+    unfused: Dict[str, float] = field(default_factory=dict)  # fused RoPE cases: compiled RoPE, then the append
     # The rest of the case: what the chart groups by, and what the JSON's readers need to tell cases apart.
     tokens_per_request: int = 1
     heads: int = HEADS
@@ -75,6 +76,14 @@ def table(report: dict) -> str:
                 f"{warm} {e['median_us']:9.2f} {base} {speedup:>8s} {copy}"
             ).rstrip()
         )
+    unfused = [r for r in report["cases"] if r.get("unfused")]
+    if unfused:
+        lines += ["", "fused RoPE + append against the unfused pipeline (compiled RoPE of Q and K, then the append):"]
+        lines += [
+            f"  {r['name']:30s} fused {r['kernel']['median_us']:8.2f} us, unfused {r['unfused']['median_us']:8.2f} us: "
+            f"{r['unfused']['median_us'] / r['kernel']['median_us']:.2f}x"
+            for r in unfused
+        ]
     h = report.get("host_overhead")
     if h:
         lines += [
