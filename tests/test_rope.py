@@ -10,6 +10,7 @@ all-pairs cover (tests/rope_cases.py: pairwise), not a full product.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from append_cases import cache_bytes
 from rope_cases import RopeCase, cos_sin_table, make_rope_case, pairwise
 
 OP = "rope_append_paged_kv_cache"
+REPOSITORY = Path(__file__).resolve().parent.parent
 FP8 = torch.float8_e4m3fn
 Q_MODES = ("new", "given", "in_place", "fp8", "fp8_given")
 
@@ -556,3 +558,26 @@ def test_debug_mode_names_a_bad_row(device):
             nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*case.args())
     finally:
         nvfp4kv.set_debug_checks(False)
+
+
+@pytest.mark.skipif(not has_cuda(), reason="the README's example runs on CUDA")
+def test_readme_example_compiles_captures_and_matches_reference():
+    """The README's Llama-3-8B decode step (compiled, captured, replayed) writes the reference's bytes."""
+    readme = (REPOSITORY / "README.md").read_text()
+    start = readme.index("import torch, nvfp4kv\nfrom nvfp4kv.bench.cases import llama3_cos_sin_cache")
+    example = readme[start : readme.index("```", start)]
+    scope: dict = {}
+    exec(compile(example, "README.md", "exec"), scope)
+    torch.cuda.synchronize()
+    q, qkv, seq, hq, hkv = (scope[name] for name in ("q", "qkv", "seq", "hq", "hkv"))
+    caches = (torch.zeros_like(scope["k_cache"]), torch.zeros_like(scope["v_cache"]))
+    sfs = (torch.zeros_like(scope["k_sf"]), torch.zeros_like(scope["v_sf"]))
+    expected_q = reference_rope.rope_quantize_nvfp4_append_paged_kv_cache(
+        qkv[:, :hq].cpu(), qkv[:, hq : hq + hkv].cpu(), qkv[:, hq + hkv :].cpu(), scope["cos_sin"].cpu(),
+        (seq - 1).cpu(), scope["rows"].cpu(), (seq - 1).cpu(), tuple(c.cpu() for c in caches),
+        tuple(s.cpu() for s in sfs), scope["indices"].cpu(), scope["indptr"].cpu(), scope["last"].cpu(),
+        float(scope["scales"][0]), float(scope["scales"][1]),
+    )  # fmt: skip
+    assert torch.equal(q.cpu().view(torch.int16), expected_q.view(torch.int16))
+    for ours, theirs in ((scope["k_cache"], caches[0]), (scope["v_cache"], caches[1])):
+        assert torch.equal(ours.cpu(), theirs.cpu())

@@ -7,7 +7,8 @@ In ONE run it measures
     per launch, and per launch inside a CUDA graph), prefill nnz 4096/16384/65536 NHD and HND at
     head_dim 128, and nnz 16384 at head_dim 64 and 256: time, GB/s (bf16 K+V read + packed data +
     scales written) and % of the copy ceiling; then the variants (slot mapping, trtllm V scales,
-    4-over-6, scales on the device, one KV head), in the table only;
+    4-over-6, scales on the device, one KV head), in the table only; the MLA latent append; the fused
+    RoPE + append of a Llama-3-8B layer, beside the unfused pipeline (a compiled RoPE, then the append);
   * the same shapes through a straightforward pure-PyTorch implementation (what a user without this
     library would write), for the speed-up;
   * the eager host overhead of the Python API on a tiny input, against one Tensor.index_copy_.
