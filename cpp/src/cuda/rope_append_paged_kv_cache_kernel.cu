@@ -45,6 +45,7 @@ struct RopeLaunch {
   bool q_out16;
   bool k_out16;
   bool cache_store8;  // 8-byte packed-data stores into both data caches
+  bool table_vector;  // 16-byte cos/sin loads (load_unit_table)
 };
 
 __device__ __forceinline__ void load_unit(const uint16_t* src, bool vector, uint32_t (&w)[kWordsPerUnit]) {
@@ -90,9 +91,32 @@ struct UnitTable {
   float s[16];
 };
 
-__device__ __forceinline__ UnitTable load_unit_table(const RopeParams& p, const void* row, uint32_t unit) {
+__device__ __forceinline__ void load4(const float* src, float* dst) {
+  const float4 v = __ldg(reinterpret_cast<const float4*>(src));
+  dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+}
+
+// `vector`: a float32 table whose rows and halves allow 16-byte loads, and units that lie wholly inside the
+// rotary dims or wholly outside (checked on the host); else one load per value.
+__device__ __forceinline__ UnitTable load_unit_table(const RopeParams& p, const void* row, uint32_t unit, bool vector) {
   UnitTable t;
   const int64_t half = p.rotary_dim / 2;
+  if (vector) {
+    const float* f = static_cast<const float*>(row);
+    if (p.neox) {  // j = d or d - m, 16 consecutive columns
+      const int64_t first = int64_t(unit) * 16 < half ? int64_t(unit) * 16 : int64_t(unit) * 16 - half;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) load4(f + first + 4 * q, t.c + 4 * q), load4(f + half + first + 4 * q, t.s + 4 * q);
+    } else {  // j = d / 2: 8 consecutive columns, each for a pair of values
+      float c[8], s[8];
+      const int64_t first = int64_t(unit) * 8;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) load4(f + first + 4 * q, c + 4 * q), load4(f + half + first + 4 * q, s + 4 * q);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) t.c[k] = c[k / 2], t.s[k] = s[k / 2];
+    }
+    return t;
+  }
 #pragma unroll
   for (int k = 0; k < 16; ++k) {
     const int64_t d = int64_t(unit) * 16 + k;
@@ -103,11 +127,12 @@ __device__ __forceinline__ UnitTable load_unit_table(const RopeParams& p, const 
   return t;
 }
 
-// The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; `partner` holds, for each value, the
-// packed word of its pair partner in the same position (NeoX) or is the unit itself (GPT-J).
+// The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
+// `partner` (NeoX) or the other half of its own word (GPT-J).
 template <bool kBF16, Pairs kPairs>
 __device__ __forceinline__ void rotate_unit(const RopeParams& p, uint32_t unit, const UnitTable& t,
-                                            const uint32_t (&w)[kWordsPerUnit], const uint16_t* partner_values,
+                                            const uint32_t (&w)[kWordsPerUnit],
+                                            const uint32_t (&partner_words)[kWordsPerUnit],
                                             uint32_t (&out)[kWordsPerUnit]) {
   const int64_t half = p.rotary_dim / 2;
 #pragma unroll
@@ -115,7 +140,7 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, uint32_t unit, 
     const int64_t d = int64_t(unit) * 16 + k;
     uint16_t bits = half_of(w, k);
     if (d < p.rotary_dim) {
-      const uint16_t partner = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : partner_values[k];
+      const uint16_t partner = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : half_of(partner_words, k);
       const float v = rope::float_from_bits(bits, kBF16), x = rope::float_from_bits(partner, kBF16);
       bits =
           rope::bits_from_float(rope::rotated_value(rope::first_of_pair(d, half, p.neox), v, x, t.c[k], t.s[k]), kBF16);
@@ -161,6 +186,74 @@ __device__ __forceinline__ void store_block(const RopeLaunch& a, const CacheView
   *scale_address(scales, trtllm, page, entry, head, unit, blocks) = sf;
 }
 
+// Q to q_out, or K to k_out and the cache, or V to the cache: one head's unit after its partner exchange.
+template <bool kBF16, Pairs kPairs>
+__device__ __forceinline__ void write_unit(const RopeParams& p, const RopeLaunch& a, const void* table, bool rotates,
+                                           const UnitTable& t, int64_t row, uint32_t head, uint32_t unit,
+                                           const uint32_t (&w)[kWordsPerUnit], const uint32_t (&partner)[kWordsPerUnit],
+                                           bool placed, int64_t page, int64_t entry, float k_scale, float v_scale,
+                                           float q_scale) {
+  const AppendParams& ap = p.append;
+  const bool is_q = head < p.num_q_heads;
+  const bool is_k = !is_q && head < p.num_q_heads + ap.num_heads;
+  const int64_t kv_head = is_q ? 0 : (is_k ? head - p.num_q_heads : head - p.num_q_heads - ap.num_heads);
+  uint32_t out[kWordsPerUnit];
+  if (table == nullptr) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = 0;  // outside the table: zero Q / k_out rows, nothing cached
+  } else if ((is_q || is_k) && rotates) {
+    rotate_unit<kBF16, kPairs>(p, unit, t, w, partner, out);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = w[k];
+  }
+  if (is_q) {
+    if (!p.q_out_fp8) {
+      store_unit16(
+          static_cast<uint16_t*>(p.q_out.data) + row * p.q_out.row_stride + head * p.q_out.head_stride + unit * 16,
+          a.q_out16, out);
+      return;
+    }
+    uint32_t bytes[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      bytes[k] = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const uint16_t bits = half_of(out, 4 * k + b);
+        bytes[k] |= uint32_t(q_fp8_byte(rope::float_from_bits(bits, kBF16), q_scale)) << (8 * b);
+      }
+    }
+    uint8_t* dst =
+        static_cast<uint8_t*>(p.q_out.data) + row * p.q_out.row_stride + head * p.q_out.head_stride + unit * 16;
+    if (a.q_out16) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) dst[k] = uint8_t(bytes[k / 4] >> (8 * (k % 4)));
+    }
+    return;
+  }
+  if (is_k && p.k_out.data != nullptr) {
+    store_unit16(
+        static_cast<uint16_t*>(p.k_out.data) + row * p.k_out.row_stride + kv_head * p.k_out.head_stride + unit * 16,
+        a.k_out16, out);
+  }
+  const float s = is_k ? k_scale : v_scale;
+  if (!placed || !usable_global_scale(s)) return;  // a bad device scale leaves those rows untouched
+  uint2 data;
+  const uint8_t sf = quantize_unit<kBF16>(p, out, s, data);
+  const int64_t units = ap.head_dim / codec::kBlockSize;
+  if (is_k) {
+    store_block(a, ap.k_data, ap.k_scales, false, page, entry, kv_head, unit, units, sf, data);
+  } else {
+    store_block(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, page, entry, kv_head, unit, units, sf, data);
+  }
+}
+
+// Each thread takes kHeadsPerPass heads per pass, their loads issued together (bytes in flight per thread).
+constexpr uint32_t kHeadsPerPass = 2;
+
 template <bool kBF16, Pairs kPairs>
 __global__ void __launch_bounds__(kThreads, 2)
     rope_append_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
@@ -169,9 +262,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint32_t lane = threadIdx.x % kLanes;
   const uint32_t unit = threadIdx.x % a.group;
   const uint32_t slot = threadIdx.x / a.group;
-  const uint32_t units = uint32_t(p.append.head_dim / codec::kBlockSize);
-  const bool has_unit = unit < units;
+  const bool has_unit = unit < uint32_t(p.append.head_dim / codec::kBlockSize);
   const int64_t half = p.rotary_dim / 2;
+  // NeoX, m % 16 == 0: the partner unit u +- m / 16 of the same head, on this group's lanes.
+  const uint32_t group_base = lane - unit;
+  const uint32_t unit_shift = uint32_t(half / 16);
+  const uint32_t partner_lane = int64_t(unit) * 16 < half ? group_base + unit + unit_shift
+                                                          : group_base + unit - (unit >= unit_shift ? unit_shift : 0);
   programmatic_launch::warm_parameter_cache(p, a);
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
@@ -186,103 +283,60 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bool write_q = !p.q_out_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
   const bool rotates = table != nullptr && has_unit && int64_t(unit) * 16 < p.rotary_dim;
   UnitTable t{};
-  if (rotates) t = load_unit_table(p, table, unit);
-  // NeoX, m % 16 == 0: the partner unit's lane in this head's group.
-  const uint32_t group_base = lane - unit;
-  const uint32_t unit_shift = uint32_t(half / 16);
-  const uint32_t partner_lane = int64_t(unit) * 16 < half ? group_base + unit + unit_shift
-                                                          : group_base + unit - (unit >= unit_shift ? unit_shift : 0);
+  if (rotates) t = load_unit_table(p, table, unit, a.table_vector);
 
-  for (uint32_t i = 0; i < a.iterations; ++i) {
-    const uint32_t head = slot + i * a.slots;
-    const bool active = head < a.heads && has_unit;
-    const bool is_q = head < p.num_q_heads;
-    const bool is_k = !is_q && head < p.num_q_heads + ap.num_heads;
-    const int64_t kv_head = is_q ? 0 : (is_k ? head - p.num_q_heads : head - p.num_q_heads - ap.num_heads);
-    uint32_t w[kWordsPerUnit] = {};
-    if (active) {
+  for (uint32_t i = 0; i < a.iterations; i += kHeadsPerPass) {
+    uint32_t w[kHeadsPerPass][kWordsPerUnit] = {};
+    bool active[kHeadsPerPass];
+#pragma unroll
+    for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
+      const uint32_t head = slot + (i + h) * a.slots;
+      const bool is_q = head < p.num_q_heads;
+      active[h] = head < a.heads && has_unit && (!is_q || write_q);
+      if (!active[h]) continue;
       if (is_q) {
-        const uint16_t* src = p.query.data + row * p.query.row_stride + head * p.query.head_stride + unit * 16;
-        load_unit_plain(src, a.query16, w);
-      } else if (is_k) {
-        load_unit(ap.key.data + row * ap.key.row_stride + kv_head * ap.key.head_stride + unit * 16, a.key16, w);
+        load_unit_plain(p.query.data + row * p.query.row_stride + head * p.query.head_stride + unit * 16, a.query16,
+                        w[h]);
+      } else if (head < p.num_q_heads + ap.num_heads) {
+        const int64_t kv_head = head - p.num_q_heads;
+        load_unit(ap.key.data + row * ap.key.row_stride + kv_head * ap.key.head_stride + unit * 16, a.key16, w[h]);
       } else {
-        load_unit(ap.value.data + row * ap.value.row_stride + kv_head * ap.value.head_stride + unit * 16, a.value16, w);
+        const int64_t kv_head = head - p.num_q_heads - ap.num_heads;
+        load_unit(ap.value.data + row * ap.value.row_stride + kv_head * ap.value.head_stride + unit * 16, a.value16,
+                  w[h]);
       }
     }
-    // Partner values of the unit (whole-warp operations: every lane takes part on every iteration).
-    uint16_t partner[16];
+    // Partner values (whole-warp operations: every lane takes part in every pass).
+    uint32_t partner[kHeadsPerPass][kWordsPerUnit] = {};
     if constexpr (kPairs == Pairs::kNeoxAligned) {
-      uint32_t pw[kWordsPerUnit];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) pw[k] = __shfl_sync(0xFFFFFFFFu, w[k], partner_lane % kLanes);
+      for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
 #pragma unroll
-      for (int k = 0; k < 16; ++k) partner[k] = half_of(pw, k);
+        for (int k = 0; k < 8; ++k) partner[h][k] = __shfl_sync(0xFFFFFFFFu, w[h][k], partner_lane % kLanes);
+      }
     } else if constexpr (kPairs == Pairs::kNeoxStaged) {
-      uint32_t* mine = staged + threadIdx.x * kWordsPerUnit;
-      __syncwarp();
 #pragma unroll
-      for (int k = 0; k < 8; ++k) mine[k] = w[k];
-      __syncwarp();
-      const uint16_t* group = reinterpret_cast<const uint16_t*>(staged + (threadIdx.x - unit) * kWordsPerUnit);
+      for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
+        uint32_t* mine = staged + threadIdx.x * kWordsPerUnit;
+        __syncwarp();
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        const int64_t d = int64_t(unit) * 16 + k;
-        partner[k] = d < p.rotary_dim ? group[rope::partner_dim(d, half, true)] : uint16_t(0);
-      }
-    }
-    if (!active || (is_q && !write_q)) continue;
-    uint32_t out[kWordsPerUnit];
-    if (table == nullptr) {
+        for (int k = 0; k < 8; ++k) mine[k] = w[h][k];
+        __syncwarp();
+        const uint16_t* group = reinterpret_cast<const uint16_t*>(staged + (threadIdx.x - unit) * kWordsPerUnit);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) out[k] = 0;  // outside the table: zero Q / k_out rows, nothing cached
-    } else if ((is_q || is_k) && rotates) {
-      rotate_unit<kBF16, kPairs>(p, unit, t, w, partner, out);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) out[k] = w[k];
-    }
-    if (is_q) {
-      if (!p.q_out_fp8) {
-        store_unit16(
-            static_cast<uint16_t*>(p.q_out.data) + row * p.q_out.row_stride + head * p.q_out.head_stride + unit * 16,
-            a.q_out16, out);
-      } else {
-        uint32_t bytes[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          bytes[k] = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const uint16_t bits = half_of(out, 4 * k + b);
-            bytes[k] |= uint32_t(q_fp8_byte(rope::float_from_bits(bits, kBF16), q_scale)) << (8 * b);
-          }
-        }
-        uint8_t* dst =
-            static_cast<uint8_t*>(p.q_out.data) + row * p.q_out.row_stride + head * p.q_out.head_stride + unit * 16;
-        if (a.q_out16) {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
-        } else {
-#pragma unroll
-          for (int k = 0; k < 16; ++k) dst[k] = uint8_t(bytes[k / 4] >> (8 * (k % 4)));
+        for (int k = 0; k < 16; ++k) {
+          const int64_t d = int64_t(unit) * 16 + k;
+          const uint32_t bits = d < p.rotary_dim ? group[rope::partner_dim(d, half, true)] : 0u;
+          partner[h][k / 2] |= bits << (16 * (k % 2));
         }
       }
-      continue;
     }
-    if (is_k && p.k_out.data != nullptr) {
-      store_unit16(
-          static_cast<uint16_t*>(p.k_out.data) + row * p.k_out.row_stride + kv_head * p.k_out.head_stride + unit * 16,
-          a.k_out16, out);
-    }
-    if (!placed) continue;
-    const float s = is_k ? k_scale : v_scale;
-    if (!usable_global_scale(s)) continue;  // a bad device scale leaves those rows untouched
-    uint2 data;
-    const uint8_t sf = quantize_unit<kBF16>(p, out, s, data);
-    if (is_k) {
-      store_block(a, ap.k_data, ap.k_scales, false, page, entry, kv_head, unit, units, sf, data);
-    } else {
-      store_block(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, page, entry, kv_head, unit, units, sf, data);
+#pragma unroll
+    for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
+      if (active[h]) {
+        write_unit<kBF16, kPairs>(p, a, table, rotates, t, row, slot + (i + h) * a.slots, unit, w[h], partner[h],
+                                  placed, page, entry, k_scale, v_scale, q_scale);
+      }
     }
   }
 }
@@ -337,6 +391,9 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
   a.q_out16 = aligned16(p.q_out.data, p.q_out.row_stride, p.q_out.head_stride, q_out_item);
   a.k_out16 = p.k_out.data == nullptr || aligned16(p.k_out.data, p.k_out.row_stride, p.k_out.head_stride, 2);
   a.cache_store8 = aligned8(p.append.k_data) && aligned8(p.append.v_data);
+  const int64_t half = p.rotary_dim / 2;
+  a.table_vector = p.cos_sin_type == rope::TableType::kFloat32 && reinterpret_cast<uintptr_t>(p.cos_sin) % 16 == 0 &&
+                   p.cos_sin_row_stride % 4 == 0 && (p.neox ? half % 16 == 0 : p.rotary_dim % 32 == 0);
   const Pairs pairs = !p.neox ? Pairs::kGptJ : (p.rotary_dim / 2) % 16 == 0 ? Pairs::kNeoxAligned : Pairs::kNeoxStaged;
   const auto s = static_cast<cudaStream_t>(stream);
   const cudaError_t error =
