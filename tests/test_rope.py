@@ -581,3 +581,23 @@ def test_readme_example_compiles_captures_and_matches_reference():
     assert torch.equal(q.cpu().view(torch.int16), expected_q.view(torch.int16))
     for ours, theirs in ((scope["k_cache"], caches[0]), (scope["v_cache"], caches[1])):
         assert torch.equal(ours.cpu(), theirs.cpu())
+
+
+def test_empty_page_table_still_rotates_every_row(device):
+    """No row placed (nnz 0, an empty page table): Q and k_out are rotated all the same, the caches untouched."""
+    case = make_rope_case(seed=seed_of("empty page table")).to(device)
+    empty = torch.zeros(0, dtype=torch.int32, device=device)
+    case.batch_indices, case.positions, case.kv_indices = empty, empty, empty
+    case.kv_indptr, case.kv_last_page_len = torch.zeros(1, dtype=torch.int32, device=device), empty
+    before = (cache_bytes(case.paged_kv_cache), cache_bytes(case.kv_cache_sf))
+    k_out = torch.empty_like(case.key)
+    q = nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*case.args(), is_neox=case.is_neox, k_out=k_out)
+    q_expected, valid = reference_rope.apply_rope(case.query.cpu(), case.cos_sin_cache.cpu(),
+                                                  case.rope_positions.cpu(), case.is_neox)  # fmt: skip
+    k_expected, _ = reference_rope.apply_rope(case.key.cpu(), case.cos_sin_cache.cpu(), case.rope_positions.cpu(),
+                                              case.is_neox)  # fmt: skip
+    assert bool(valid.any())
+    assert torch.equal(q.cpu().view(torch.int16), q_expected.view(torch.int16))
+    assert torch.equal(k_out.cpu().view(torch.int16), k_expected.view(torch.int16))
+    assert torch.equal(cache_bytes(case.paged_kv_cache), before[0])
+    assert torch.equal(cache_bytes(case.kv_cache_sf), before[1])

@@ -21,6 +21,7 @@
 #include "../rope_params.h"
 #include "block_quantizer.cuh"
 #include "four_over_six_quantizer.cuh"
+#include "index_chain.cuh"
 #include "kernels.h"
 #include "programmatic_launch.cuh"
 
@@ -33,13 +34,17 @@ constexpr uint32_t kWordsPerUnit = 8;  // 16 values of 16 bits
 
 enum class Pairs { kGptJ, kNeoxAligned, kNeoxStaged };
 
-// Per-call choices made on the host.
+// Per-call choices made on the host. page_size, quotient_limit and speculate_batch are what index_chain.cuh reads.
 struct RopeLaunch {
-  uint32_t group;       // G: lanes per head (a power of two, >= units per head)
-  uint32_t slots;       // kThreads / G: heads a CTA works on at once
-  uint32_t heads;       // Hq + 2 Hkv
-  uint32_t iterations;  // ceil(heads / slots): the same for every thread (shuffles need the whole warp)
-  bool query16;         // 16-byte loads / stores allowed (address and strides)
+  append_kernel::Divisor page_size;  // position or slot -> page, for values below quotient_limit
+  uint64_t quotient_limit;           // 2^31, or 0 when page_size >= 2^31 (then always a 64-bit division)
+  bool speculate_batch;              // nnz == batch_size (decode): kv_indptr[row], [row + 1] loaded early
+  int64_t placeable_rows;            // nnz, or 0 when no row can land (the index chain's clamps need non-empty tensors)
+  uint32_t group;                    // G: lanes per head (a power of two, >= units per head)
+  uint32_t slots;                    // kThreads / G: heads a CTA works on at once
+  uint32_t heads;                    // Hq + 2 Hkv
+  uint32_t iterations;               // ceil(heads / slots): the same for every thread (shuffles need the whole warp)
+  bool query16;                      // 16-byte loads / stores allowed (address and strides)
   bool key16;
   bool value16;
   bool q_out16;
@@ -254,6 +259,34 @@ __device__ __forceinline__ void write_unit(const RopeParams& p, const RopeLaunch
 // Each thread takes kHeadsPerPass heads per pass, their loads issued together (bytes in flight per thread).
 constexpr uint32_t kHeadsPerPass = 2;
 
+// The inputs of pass i: heads slot + (i + h) * slots, h < kHeadsPerPass (inactive: no head, no unit, or a Q head
+// whose FP8 scale is unusable).
+__device__ __forceinline__ void load_pass(const RopeParams& p, const RopeLaunch& a, int64_t row, uint32_t slot,
+                                          uint32_t unit, bool has_unit, bool write_q, uint32_t i,
+                                          uint32_t (&w)[kHeadsPerPass][kWordsPerUnit], bool (&active)[kHeadsPerPass]) {
+  const AppendParams& ap = p.append;
+#pragma unroll
+  for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
+    const uint32_t head = slot + (i + h) * a.slots;
+    const bool is_q = head < p.num_q_heads;
+    active[h] = head < a.heads && has_unit && (!is_q || write_q);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[h][k] = 0;
+    if (!active[h]) continue;
+    if (is_q) {
+      load_unit_plain(p.query.data + row * p.query.row_stride + head * p.query.head_stride + unit * 16, a.query16,
+                      w[h]);
+    } else if (head < p.num_q_heads + ap.num_heads) {
+      const int64_t kv_head = head - p.num_q_heads;
+      load_unit(ap.key.data + row * ap.key.row_stride + kv_head * ap.key.head_stride + unit * 16, a.key16, w[h]);
+    } else {
+      const int64_t kv_head = head - p.num_q_heads - ap.num_heads;
+      load_unit(ap.value.data + row * ap.value.row_stride + kv_head * ap.value.head_stride + unit * 16, a.value16,
+                w[h]);
+    }
+  }
+}
+
 template <bool kBF16, Pairs kPairs>
 __global__ void __launch_bounds__(kThreads, 2)
     rope_append_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
@@ -273,39 +306,30 @@ __global__ void __launch_bounds__(kThreads, 2)
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
 
-  const void* table = rope_table_row(p, row);
+  // Every load that depends on no other goes out first: the rope position, the row's level-1 index values and
+  // the first pass's inputs; then the table row and the rest of the index chain (index_chain.cuh), whose page
+  // id is only waited for by the first K/V store.
   const AppendParams& ap = p.append;
-  int64_t page = 0, entry = 0;
-  const bool placed = table != nullptr && row < ap.nnz && resolve_row_target(ap, row, page, entry);
-  const float k_scale = placed ? global_scale(ap, false) : 0.0f;
-  const float v_scale = placed ? global_scale(ap, true) : 0.0f;
+  const void* table = rope_table_row(p, row);
+  const bool placeable = row < a.placeable_rows;
+  append_kernel::RowIndices indices{0, 0, 0, 0};
+  if (placeable) indices = append_kernel::load_row_indices<void>(ap, a, row);
   const float q_scale = p.q_out_fp8 ? rope_q_scale(p) : 1.0f;
   const bool write_q = !p.q_out_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
+  uint32_t w[kHeadsPerPass][kWordsPerUnit];
+  bool active[kHeadsPerPass];
+  load_pass(p, a, row, slot, unit, has_unit, write_q, 0, w, active);
   const bool rotates = table != nullptr && has_unit && int64_t(unit) * 16 < p.rotary_dim;
   UnitTable t{};
   if (rotates) t = load_unit_table(p, table, unit, a.table_vector);
+  append_kernel::Target target{0, 0, false};
+  if (placeable && table != nullptr) target = append_kernel::start_target<void, true>(ap, a, row, indices);
+  const bool placed = placeable && table != nullptr && append_kernel::finish_target(ap, target);
+  const float k_scale = placed ? global_scale(ap, false) : 0.0f;
+  const float v_scale = placed ? global_scale(ap, true) : 0.0f;
 
   for (uint32_t i = 0; i < a.iterations; i += kHeadsPerPass) {
-    uint32_t w[kHeadsPerPass][kWordsPerUnit] = {};
-    bool active[kHeadsPerPass];
-#pragma unroll
-    for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
-      const uint32_t head = slot + (i + h) * a.slots;
-      const bool is_q = head < p.num_q_heads;
-      active[h] = head < a.heads && has_unit && (!is_q || write_q);
-      if (!active[h]) continue;
-      if (is_q) {
-        load_unit_plain(p.query.data + row * p.query.row_stride + head * p.query.head_stride + unit * 16, a.query16,
-                        w[h]);
-      } else if (head < p.num_q_heads + ap.num_heads) {
-        const int64_t kv_head = head - p.num_q_heads;
-        load_unit(ap.key.data + row * ap.key.row_stride + kv_head * ap.key.head_stride + unit * 16, a.key16, w[h]);
-      } else {
-        const int64_t kv_head = head - p.num_q_heads - ap.num_heads;
-        load_unit(ap.value.data + row * ap.value.row_stride + kv_head * ap.value.head_stride + unit * 16, a.value16,
-                  w[h]);
-      }
-    }
+    if (i > 0) load_pass(p, a, row, slot, unit, has_unit, write_q, i, w, active);
     // Partner values (whole-warp operations: every lane takes part in every pass).
     uint32_t partner[kHeadsPerPass][kWordsPerUnit] = {};
     if constexpr (kPairs == Pairs::kNeoxAligned) {
@@ -335,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
       if (active[h]) {
         write_unit<kBF16, kPairs>(p, a, table, rotates, t, row, slot + (i + h) * a.slots, unit, w[h], partner[h],
-                                  placed, page, entry, k_scale, v_scale, q_scale);
+                                  placed, target.page, target.entry, k_scale, v_scale, q_scale);
       }
     }
   }
@@ -378,6 +402,14 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
     return cudaErrorInvalidValue;
   }
   RopeLaunch a{};
+  const bool small_pages = p.append.page_size < (int64_t(1) << 31);
+  a.page_size = append_kernel::Divisor::make(small_pages ? uint32_t(p.append.page_size) : 1u);
+  a.quotient_limit = small_pages ? uint64_t(1) << 31 : 0;
+  const bool slot_mapping = p.append.slot_mapping.data != nullptr;
+  a.speculate_batch = !slot_mapping && p.append.nnz == p.append.batch_size;
+  const bool no_target =
+      p.append.num_pages == 0 || (!slot_mapping && (p.append.batch_size == 0 || p.append.kv_indices.size == 0));
+  a.placeable_rows = no_target ? 0 : p.append.nnz;
   const uint32_t units = uint32_t(p.append.head_dim / codec::kBlockSize);  // <= 32 (kRopeMaxHeadDim)
   a.group = 1;
   while (a.group < units) a.group *= 2;
