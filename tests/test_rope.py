@@ -570,17 +570,18 @@ def test_readme_example_compiles_captures_and_matches_reference():
     exec(compile(example, "README.md", "exec"), scope)
     torch.cuda.synchronize()
     q, qkv, seq, hq, hkv = (scope[name] for name in ("q", "qkv", "seq", "hq", "hkv"))
-    caches = (torch.zeros_like(scope["k_cache"]), torch.zeros_like(scope["v_cache"]))
-    sfs = (torch.zeros_like(scope["k_sf"]), torch.zeros_like(scope["v_sf"]))
+    caches = (torch.zeros_like(scope["k_cache"]).cpu(), torch.zeros_like(scope["v_cache"]).cpu())
+    sfs = (torch.zeros_like(scope["k_sf"]).cpu(), torch.zeros_like(scope["v_sf"]).cpu())
     expected_q = reference_rope.rope_quantize_nvfp4_append_paged_kv_cache(
         qkv[:, :hq].cpu(), qkv[:, hq : hq + hkv].cpu(), qkv[:, hq + hkv :].cpu(), scope["cos_sin"].cpu(),
-        (seq - 1).cpu(), scope["rows"].cpu(), (seq - 1).cpu(), tuple(c.cpu() for c in caches),
-        tuple(s.cpu() for s in sfs), scope["indices"].cpu(), scope["indptr"].cpu(), scope["last"].cpu(),
-        float(scope["scales"][0]), float(scope["scales"][1]),
+        (seq - 1).cpu(), scope["rows"].cpu(), (seq - 1).cpu(), caches, sfs, scope["indices"].cpu(),
+        scope["indptr"].cpu(), scope["last"].cpu(), float(scope["scales"][0]), float(scope["scales"][1]),
     )  # fmt: skip
     assert torch.equal(q.cpu().view(torch.int16), expected_q.view(torch.int16))
-    for ours, theirs in ((scope["k_cache"], caches[0]), (scope["v_cache"], caches[1])):
-        assert torch.equal(ours.cpu(), theirs.cpu())
+    written = (scope["k_cache"], scope["v_cache"], scope["k_sf"], scope["v_sf"])
+    for ours, theirs in zip(written, (*caches, *sfs)):
+        assert torch.equal(ours.cpu().view(torch.uint8), theirs.view(torch.uint8))
+    assert bool(caches[0].any())
 
 
 def test_empty_page_table_still_rotates_every_row(device):
