@@ -75,14 +75,14 @@ inline bool enabled_on_current_device() {
   return state == 2;
 }
 
-// kernel<<<grid, threads, 0, stream>>>(args...), with the PDL attribute when `programmatic`.
+// kernel<<<grid, threads, shared_bytes, stream>>>(args...), with the PDL attribute when `programmatic`.
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 threads, cudaStream_t stream, bool programmatic,
-                   const Args&... args) {
+cudaError_t launch_with_shared(void (*kernel)(Params...), dim3 grid, dim3 threads, size_t shared_bytes,
+                               cudaStream_t stream, bool programmatic, const Args&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = threads;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -90,6 +90,13 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 threads, cudaStrea
   config.attrs = attribute;
   config.numAttrs = programmatic ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+// The same without dynamic shared memory.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 threads, cudaStream_t stream, bool programmatic,
+                   const Args&... args) {
+  return launch_with_shared(kernel, grid, threads, 0, stream, programmatic, args...);
 }
 
 }  // namespace programmatic_launch

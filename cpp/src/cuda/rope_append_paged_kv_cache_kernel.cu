@@ -1,21 +1,27 @@
 // CUDA kernel of the fused RoPE + NVFP4 append (docs/SPEC.md section 5; RopeParams in rope_params.h).
 //
 // One CTA per row (token). A head of D values is G = next_pow2(D / 16) lanes of one warp, lane u of the group
-// holding the head's 16-value unit u (16 values, 8 packed 16-bit words: the NVFP4 block it becomes in the cache),
-// so a warp holds 32 / G heads and the CTA's kThreads / G head slots walk the row's heads: Q heads
-// [0, Hq), K heads [Hq, Hq + Hkv), V heads [Hq + Hkv, Hq + 2 Hkv). Each thread loads its unit's cos/sin once
-// per row and reuses them for every Q and K head it visits.
+// holding the head's 16-value unit u (8 packed 16-bit words: the NVFP4 block it becomes in the cache). The row's
+// heads are Q [0, Hq), K [Hq, Hq + Hkv), V [Hq + Hkv, Hq + 2 Hkv); thread t takes work items t, t + threads, ...
+// (item = head * G + unit), one item per thread for rows of up to 1024 / G heads, so that a decode row's work is
+// spread over as many threads as it has units.
 //
 // A rotated value needs its pair partner (rope_rotation.h):
 //   GPT-J (2j, 2j + 1): the other half of the same packed word;
 //   NeoX (j, j + m), m % 16 == 0: the whole unit u +- m / 16 of the same head, by 8 warp shuffles;
 //   NeoX otherwise (partial rotary such as R = 20): the warp's units staged in shared memory, read per value.
-// Then Q goes to q_out (16-bit or FP8 E4M3), K to k_out, and for placed rows (row < nnz, position in the table,
-// a target that passes the bounds contract of append_params.h) the rotated K and the plain V are quantized
-// (block_quantizer.cuh; four_over_six_quantizer.cuh for scale_search "4over6") into the cache.
+// Each rotated value is v c + w s' with s' = -s for the pair's first member (x c - y s == x c + y (-s) exactly),
+// rounded to 16 bits by the hardware conversion (NaN replaced by rope::kBF16NaN / kFP16NaN). FP8 Q divides by
+// q_scale through a reciprocal computed once and one correction (block_quantizer.cuh's scale_quotient, the IEEE
+// quotient), and rounds as the scale bytes do. For placed rows (row < nnz, position in the table, a target that
+// passes the bounds contract of append_params.h) the rotated K and the plain V are quantized (block_quantizer.cuh;
+// four_over_six_quantizer.cuh for scale_search "4over6") into the cache.
 // Launched with programmatic dependent launch on sm_90+ (programmatic_launch.cuh).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../rope_params.h"
@@ -29,7 +35,7 @@ namespace nvfp4kv {
 namespace {
 
 constexpr uint32_t kLanes = 32;
-constexpr uint32_t kThreads = 256;
+constexpr uint32_t kMaxThreads = 1024;
 constexpr uint32_t kWordsPerUnit = 8;  // 16 values of 16 bits
 
 enum class Pairs { kGptJ, kNeoxAligned, kNeoxStaged };
@@ -40,17 +46,16 @@ struct RopeLaunch {
   uint64_t quotient_limit;           // 2^31, or 0 when page_size >= 2^31 (then always a 64-bit division)
   bool speculate_batch;              // nnz == batch_size (decode): kv_indptr[row], [row + 1] loaded early
   int64_t placeable_rows;            // nnz, or 0 when no row can land (the index chain's clamps need non-empty tensors)
-  uint32_t group;                    // G: lanes per head (a power of two, >= units per head)
-  uint32_t slots;                    // kThreads / G: heads a CTA works on at once
-  uint32_t heads;                    // Hq + 2 Hkv
-  uint32_t iterations;               // ceil(heads / slots): the same for every thread (shuffles need the whole warp)
+  uint32_t group_shift;              // log2(G): lanes per head
+  uint32_t items;                    // heads * G
+  uint32_t iterations;               // ceil(items / threads): the same for every thread (shuffles need the warp)
   bool query16;                      // 16-byte loads / stores allowed (address and strides)
   bool key16;
   bool value16;
   bool q_out16;
   bool k_out16;
   bool cache_store8;  // 8-byte packed-data stores into both data caches
-  bool table_vector;  // 16-byte cos/sin loads (load_unit_table)
+  bool table_vector;  // 16-byte cos/sin loads: float32 rows and halves aligned, units wholly in or out of R
 };
 
 __device__ __forceinline__ void load_unit(const uint16_t* src, bool vector, uint32_t (&w)[kWordsPerUnit]) {
@@ -61,7 +66,7 @@ __device__ __forceinline__ void load_unit(const uint16_t* src, bool vector, uint
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) w[i] = uint32_t(src[2 * i]) | uint32_t(src[2 * i + 1]) << 16;
+  for (int i = 0; i < 8; ++i) w[i] = uint32_t(__ldg(src + 2 * i)) | uint32_t(__ldg(src + 2 * i + 1)) << 16;
 }
 
 // Not __ldg: q_out may be the query itself (rotated in place), so its lines must not be read as read-only.
@@ -90,88 +95,128 @@ __device__ __forceinline__ uint16_t half_of(const uint32_t (&w)[kWordsPerUnit], 
   return uint16_t(w[k / 2] >> (16 * (k % 2)));
 }
 
-// cos and sin of the unit's 16 dims (NeoX: pair index j = d or d - m; GPT-J: d / 2), in registers.
-struct UnitTable {
-  float c[16];
-  float s[16];
-};
-
-__device__ __forceinline__ void load4(const float* src, float* dst) {
-  const float4 v = __ldg(reinterpret_cast<const float4*>(src));
-  dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+// fp32 -> the input's 16-bit type, nearest even (overflow -> inf), a NaN as rope_rotation.h's quiet NaN: the
+// hardware conversion, which rope::bits_from_float mirrors on the host.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t round16(float f) {
+  if constexpr (kBF16) {
+    const uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    return codec::is_nan(f) ? rope::kBF16NaN : bits;
+  } else {
+    const uint16_t bits = __half_as_ushort(__float2half_rn(f));
+    return codec::is_nan(f) ? rope::kFP16NaN : bits;
+  }
 }
 
-// `vector`: a float32 table whose rows and halves allow 16-byte loads, and units that lie wholly inside the
-// rotary dims or wholly outside (checked on the host); else one load per value.
-__device__ __forceinline__ UnitTable load_unit_table(const RopeParams& p, const void* row, uint32_t unit, bool vector) {
-  UnitTable t;
+template <bool kBF16>
+__device__ __forceinline__ float widen(uint32_t bits) {
+  return rope::float_from_bits(uint16_t(bits), kBF16);
+}
+
+// cos and sin' (sin negated for a pair's first member) of values k0 .. k0 + 3 of the unit.
+struct Quad {
+  float c[4];
+  float s[4];
+};
+
+template <Pairs kPairs>
+__device__ __forceinline__ Quad table_quad(const RopeParams& p, const RopeLaunch& a, const void* row, uint32_t unit,
+                                           int k0) {
+  Quad q;
   const int64_t half = p.rotary_dim / 2;
-  if (vector) {
-    const float* f = static_cast<const float*>(row);
-    if (p.neox) {  // j = d or d - m, 16 consecutive columns
-      const int64_t first = int64_t(unit) * 16 < half ? int64_t(unit) * 16 : int64_t(unit) * 16 - half;
+  const int64_t d0 = int64_t(unit) * 16 + k0;
+  if (a.table_vector && kPairs == Pairs::kNeoxAligned) {  // 4 consecutive columns, one sign for the unit
+    const bool first = int64_t(unit) * 16 < half;
+    const float* f = static_cast<const float*>(row) + (first ? d0 : d0 - half);
+    const float4 c = __ldg(reinterpret_cast<const float4*>(f));
+    const float4 s = __ldg(reinterpret_cast<const float4*>(f + half));
+    q.c[0] = c.x, q.c[1] = c.y, q.c[2] = c.z, q.c[3] = c.w;
+    q.s[0] = s.x, q.s[1] = s.y, q.s[2] = s.z, q.s[3] = s.w;
+    if (first) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) load4(f + first + 4 * q, t.c + 4 * q), load4(f + half + first + 4 * q, t.s + 4 * q);
-    } else {  // j = d / 2: 8 consecutive columns, each for a pair of values
-      float c[8], s[8];
-      const int64_t first = int64_t(unit) * 8;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) load4(f + first + 4 * q, c + 4 * q), load4(f + half + first + 4 * q, s + 4 * q);
-#pragma unroll
-      for (int k = 0; k < 16; ++k) t.c[k] = c[k / 2], t.s[k] = s[k / 2];
+      for (int k = 0; k < 4; ++k) q.s[k] = -q.s[k];
     }
-    return t;
+    return q;
+  }
+  if (a.table_vector && kPairs == Pairs::kGptJ) {  // columns d / 2: two, each for an (even, odd) pair
+    const float* f = static_cast<const float*>(row) + d0 / 2;
+    const float2 c = __ldg(reinterpret_cast<const float2*>(f));
+    const float2 s = __ldg(reinterpret_cast<const float2*>(f + half));
+    q.c[0] = q.c[1] = c.x, q.c[2] = q.c[3] = c.y;
+    q.s[0] = -s.x, q.s[1] = s.x, q.s[2] = -s.y, q.s[3] = s.y;
+    return q;
   }
 #pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    const int64_t d = int64_t(unit) * 16 + k;
+  for (int k = 0; k < 4; ++k) {
+    const int64_t d = d0 + k;
     const int64_t j = d < p.rotary_dim ? rope::pair_index(d, half, p.neox) : 0;
-    t.c[k] = rope::table_value(row, j, p.cos_sin_type);
-    t.s[k] = rope::table_value(row, half + j, p.cos_sin_type);
+    q.c[k] = rope::table_value(row, j, p.cos_sin_type);
+    const float s = rope::table_value(row, half + j, p.cos_sin_type);
+    q.s[k] = rope::first_of_pair(d, half, p.neox) ? -s : s;
   }
-  return t;
+  return q;
 }
 
 // The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
 // `partner` (NeoX) or the other half of its own word (GPT-J).
 template <bool kBF16, Pairs kPairs>
-__device__ __forceinline__ void rotate_unit(const RopeParams& p, uint32_t unit, const UnitTable& t,
+__device__ __forceinline__ void rotate_unit(const RopeParams& p, const RopeLaunch& a, const void* row, uint32_t unit,
                                             const uint32_t (&w)[kWordsPerUnit],
-                                            const uint32_t (&partner_words)[kWordsPerUnit],
-                                            uint32_t (&out)[kWordsPerUnit]) {
-  const int64_t half = p.rotary_dim / 2;
+                                            const uint32_t (&partner)[kWordsPerUnit], uint32_t (&out)[kWordsPerUnit]) {
+  const int64_t rotated = p.rotary_dim - int64_t(unit) * 16;  // values of the unit below R (may exceed 16)
 #pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    const int64_t d = int64_t(unit) * 16 + k;
-    uint16_t bits = half_of(w, k);
-    if (d < p.rotary_dim) {
-      const uint16_t partner = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : half_of(partner_words, k);
-      const float v = rope::float_from_bits(bits, kBF16), x = rope::float_from_bits(partner, kBF16);
-      bits =
-          rope::bits_from_float(rope::rotated_value(rope::first_of_pair(d, half, p.neox), v, x, t.c[k], t.s[k]), kBF16);
+  for (int k0 = 0; k0 < 16; k0 += 4) {
+    if (k0 >= rotated) {  // the rest is beyond R: bit copies
+#pragma unroll
+      for (int k = k0; k < 16; k += 2) out[k / 2] = w[k / 2];
+      break;
     }
-    if (k % 2 == 0) {
-      out[k / 2] = bits;
-    } else {
-      out[k / 2] |= uint32_t(bits) << 16;
+    const Quad q = table_quad<kPairs>(p, a, row, unit, k0);
+#pragma unroll
+    for (int k = k0; k < k0 + 4; ++k) {
+      const uint32_t bits = half_of(w, k);
+      const uint32_t other = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : half_of(partner, k);
+      const float v = widen<kBF16>(bits), x = widen<kBF16>(other);
+      const uint32_t result =
+          k < rotated ? round16<kBF16>(__fadd_rn(__fmul_rn(v, q.c[k - k0]), __fmul_rn(x, q.s[k - k0]))) : bits;
+      if (k % 2 == 0) {
+        out[k / 2] = result;
+      } else {
+        out[k / 2] |= result << 16;
+      }
     }
   }
+}
+
+// The E4M3 byte of x / q_scale (SPEC section 4's rounding): the quotient through the hoisted reciprocal
+// (scale_quotient: the IEEE quotient, dividing when q_scale is outside the reciprocal's range), rounded like a
+// scale byte (saturating at 448, so inf too), the sign of x, NaN -> 0x7F.
+__device__ __forceinline__ uint32_t q_byte(float x, float q_scale, float inverse) {
+  if (codec::is_nan(x)) return codec::kE4M3NaN;
+  const uint32_t sign = (__float_as_uint(x) >> 24) & 0x80u;
+  return sign | block_quantizer::scale_byte(block_quantizer::scale_quotient(fabsf(x), q_scale, inverse));
+}
+
+// The optional 4-over-6 recipe, out of line: its registers do not weigh on the plain recipe's path.
+template <bool kBF16>
+__device__ __noinline__ uint8_t quantize_unit_four_over_six(uint4 lo, uint4 hi, float s, uint2& data) {
+  if (!block_quantizer::four_over_six_fast_scale(s)) {
+    return block_quantizer::quantize_block_four_over_six<kBF16>(lo, hi, s, data);
+  }
+  const uint32_t w[kWordsPerUnit] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  return block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(
+      w, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, 0.0f, 0.0f, nullptr, nullptr, data);
 }
 
 // The NVFP4 block of one unit with the call's recipe: its scale byte, its 8 data bytes in `data`.
 template <bool kBF16>
 __device__ __forceinline__ uint8_t quantize_unit(const RopeParams& p, const uint32_t (&w)[kWordsPerUnit], float s,
-                                                 uint2& data) {
+                                                 float inverse, uint2& data) {
   if (p.append.four_over_six) {
-    if (block_quantizer::four_over_six_fast_scale(s)) {
-      return block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(
-          w, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, 0.0f, 0.0f, nullptr, nullptr, data);
-    }
-    return block_quantizer::quantize_block_four_over_six<kBF16>(make_uint4(w[0], w[1], w[2], w[3]),
-                                                                make_uint4(w[4], w[5], w[6], w[7]), s, data);
+    return quantize_unit_four_over_six<kBF16>(make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7]), s,
+                                              data);
   }
   const float six_s = codec::kE2M1MaxValue * s;  // SPEC step 3: 6 * s rounded first
-  const float inverse = 0.0f;                    // an IEEE division per block
   const float* no_table[1] = {nullptr};
   uint8_t sf;
   block_quantizer::quantize_blocks<kBF16, 1, false>(w, &s, &six_s, &inverse, no_table, &data, &sf);
@@ -191,31 +236,56 @@ __device__ __forceinline__ void store_block(const RopeLaunch& a, const CacheView
   *scale_address(scales, trtllm, page, entry, head, unit, blocks) = sf;
 }
 
+// Where a work item's head lies.
+struct Head {
+  uint32_t index;   // in [0, Hq + 2 Hkv)
+  int64_t kv_head;  // K / V: the head in key / value and the cache
+  bool is_q;
+  bool is_k;
+};
+
+__device__ __forceinline__ Head head_of(const RopeParams& p, uint32_t index) {
+  Head h;
+  h.index = index;
+  h.is_q = index < p.num_q_heads;
+  h.is_k = !h.is_q && index < p.num_q_heads + p.append.num_heads;
+  h.kv_head = h.is_q ? 0 : (h.is_k ? index - p.num_q_heads : index - p.num_q_heads - p.append.num_heads);
+  return h;
+}
+
+__device__ __forceinline__ void load_item(const RopeParams& p, const RopeLaunch& a, int64_t row, const Head& h,
+                                          uint32_t unit, uint32_t (&w)[kWordsPerUnit]) {
+  const AppendParams& ap = p.append;
+  if (h.is_q) {
+    load_unit_plain(p.query.data + row * p.query.row_stride + h.index * p.query.head_stride + unit * 16, a.query16, w);
+  } else if (h.is_k) {
+    load_unit(ap.key.data + row * ap.key.row_stride + h.kv_head * ap.key.head_stride + unit * 16, a.key16, w);
+  } else {
+    load_unit(ap.value.data + row * ap.value.row_stride + h.kv_head * ap.value.head_stride + unit * 16, a.value16, w);
+  }
+}
+
 // Q to q_out, or K to k_out and the cache, or V to the cache: one head's unit after its partner exchange.
 template <bool kBF16, Pairs kPairs>
-__device__ __forceinline__ void write_unit(const RopeParams& p, const RopeLaunch& a, const void* table, bool rotates,
-                                           const UnitTable& t, int64_t row, uint32_t head, uint32_t unit,
-                                           const uint32_t (&w)[kWordsPerUnit], const uint32_t (&partner)[kWordsPerUnit],
-                                           bool placed, int64_t page, int64_t entry, float k_scale, float v_scale,
-                                           float q_scale) {
+__device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const void* table, int64_t row,
+                                           const Head& h, uint32_t unit, const uint32_t (&w)[kWordsPerUnit],
+                                           const uint32_t (&partner)[kWordsPerUnit], const append_kernel::Target& t,
+                                           bool placed, float q_scale, float q_inverse) {
   const AppendParams& ap = p.append;
-  const bool is_q = head < p.num_q_heads;
-  const bool is_k = !is_q && head < p.num_q_heads + ap.num_heads;
-  const int64_t kv_head = is_q ? 0 : (is_k ? head - p.num_q_heads : head - p.num_q_heads - ap.num_heads);
   uint32_t out[kWordsPerUnit];
   if (table == nullptr) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) out[k] = 0;  // outside the table: zero Q / k_out rows, nothing cached
-  } else if ((is_q || is_k) && rotates) {
-    rotate_unit<kBF16, kPairs>(p, unit, t, w, partner, out);
-  } else {
+  } else if (!h.is_q && !h.is_k) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) out[k] = w[k];
+  } else {
+    rotate_unit<kBF16, kPairs>(p, a, table, unit, w, partner, out);
   }
-  if (is_q) {
+  if (h.is_q) {
     if (!p.q_out_fp8) {
       store_unit16(
-          static_cast<uint16_t*>(p.q_out.data) + row * p.q_out.row_stride + head * p.q_out.head_stride + unit * 16,
+          static_cast<uint16_t*>(p.q_out.data) + row * p.q_out.row_stride + h.index * p.q_out.head_stride + unit * 16,
           a.q_out16, out);
       return;
     }
@@ -224,13 +294,11 @@ __device__ __forceinline__ void write_unit(const RopeParams& p, const RopeLaunch
     for (int k = 0; k < 4; ++k) {
       bytes[k] = 0;
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const uint16_t bits = half_of(out, 4 * k + b);
-        bytes[k] |= uint32_t(q_fp8_byte(rope::float_from_bits(bits, kBF16), q_scale)) << (8 * b);
-      }
+      for (int b = 0; b < 4; ++b)
+        bytes[k] |= q_byte(widen<kBF16>(half_of(out, 4 * k + b)), q_scale, q_inverse) << (8 * b);
     }
     uint8_t* dst =
-        static_cast<uint8_t*>(p.q_out.data) + row * p.q_out.row_stride + head * p.q_out.head_stride + unit * 16;
+        static_cast<uint8_t*>(p.q_out.data) + row * p.q_out.row_stride + h.index * p.q_out.head_stride + unit * 16;
     if (a.q_out16) {
       *reinterpret_cast<uint4*>(dst) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
     } else {
@@ -239,62 +307,32 @@ __device__ __forceinline__ void write_unit(const RopeParams& p, const RopeLaunch
     }
     return;
   }
-  if (is_k && p.k_out.data != nullptr) {
+  if (h.is_k && p.k_out.data != nullptr) {
     store_unit16(
-        static_cast<uint16_t*>(p.k_out.data) + row * p.k_out.row_stride + kv_head * p.k_out.head_stride + unit * 16,
+        static_cast<uint16_t*>(p.k_out.data) + row * p.k_out.row_stride + h.kv_head * p.k_out.head_stride + unit * 16,
         a.k_out16, out);
   }
-  const float s = is_k ? k_scale : v_scale;
-  if (!placed || !usable_global_scale(s)) return;  // a bad device scale leaves those rows untouched
+  if (!placed || !append_kernel::finish_target(ap, t)) return;
+  const float s = global_scale(ap, !h.is_k);
+  if (!usable_global_scale(s)) return;  // a bad device scale leaves those rows untouched
   uint2 data;
-  const uint8_t sf = quantize_unit<kBF16>(p, out, s, data);
+  const uint8_t sf = quantize_unit<kBF16>(p, out, s, block_quantizer::division_inverse(codec::kE2M1MaxValue * s), data);
   const int64_t units = ap.head_dim / codec::kBlockSize;
-  if (is_k) {
-    store_block(a, ap.k_data, ap.k_scales, false, page, entry, kv_head, unit, units, sf, data);
+  if (h.is_k) {
+    store_block(a, ap.k_data, ap.k_scales, false, t.page, t.entry, h.kv_head, unit, units, sf, data);
   } else {
-    store_block(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, page, entry, kv_head, unit, units, sf, data);
-  }
-}
-
-// Each thread takes kHeadsPerPass heads per pass, their loads issued together (bytes in flight per thread).
-constexpr uint32_t kHeadsPerPass = 2;
-
-// The inputs of pass i: heads slot + (i + h) * slots, h < kHeadsPerPass (inactive: no head, no unit, or a Q head
-// whose FP8 scale is unusable).
-__device__ __forceinline__ void load_pass(const RopeParams& p, const RopeLaunch& a, int64_t row, uint32_t slot,
-                                          uint32_t unit, bool has_unit, bool write_q, uint32_t i,
-                                          uint32_t (&w)[kHeadsPerPass][kWordsPerUnit], bool (&active)[kHeadsPerPass]) {
-  const AppendParams& ap = p.append;
-#pragma unroll
-  for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
-    const uint32_t head = slot + (i + h) * a.slots;
-    const bool is_q = head < p.num_q_heads;
-    active[h] = head < a.heads && has_unit && (!is_q || write_q);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) w[h][k] = 0;
-    if (!active[h]) continue;
-    if (is_q) {
-      load_unit_plain(p.query.data + row * p.query.row_stride + head * p.query.head_stride + unit * 16, a.query16,
-                      w[h]);
-    } else if (head < p.num_q_heads + ap.num_heads) {
-      const int64_t kv_head = head - p.num_q_heads;
-      load_unit(ap.key.data + row * ap.key.row_stride + kv_head * ap.key.head_stride + unit * 16, a.key16, w[h]);
-    } else {
-      const int64_t kv_head = head - p.num_q_heads - ap.num_heads;
-      load_unit(ap.value.data + row * ap.value.row_stride + kv_head * ap.value.head_stride + unit * 16, a.value16,
-                w[h]);
-    }
+    store_block(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, t.page, t.entry, h.kv_head, unit, units, sf, data);
   }
 }
 
 template <bool kBF16, Pairs kPairs>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kMaxThreads)
     rope_append_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
-  __shared__ uint32_t staged[kPairs == Pairs::kNeoxStaged ? kThreads * kWordsPerUnit : 1];
+  extern __shared__ uint32_t staged[];  // kNeoxStaged: blockDim.x units
   const int64_t row = blockIdx.x;
   const uint32_t lane = threadIdx.x % kLanes;
-  const uint32_t unit = threadIdx.x % a.group;
-  const uint32_t slot = threadIdx.x / a.group;
+  const uint32_t group = 1u << a.group_shift;
+  const uint32_t unit = threadIdx.x & (group - 1);
   const bool has_unit = unit < uint32_t(p.append.head_dim / codec::kBlockSize);
   const int64_t half = p.rotary_dim / 2;
   // NeoX, m % 16 == 0: the partner unit u +- m / 16 of the same head, on this group's lanes.
@@ -306,9 +344,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
 
-  // Every load that depends on no other goes out first: the rope position, the row's level-1 index values and
-  // the first pass's inputs; then the table row and the rest of the index chain (index_chain.cuh), whose page
-  // id is only waited for by the first K/V store.
+  // The loads that depend on no other go out first: the rope position, the row's level-1 index values, the
+  // first item's inputs; then the table row and the rest of the index chain (index_chain.cuh), whose page id
+  // only the K/V stores wait for.
   const AppendParams& ap = p.append;
   const void* table = rope_table_row(p, row);
   const bool placeable = row < a.placeable_rows;
@@ -316,52 +354,37 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (placeable) indices = append_kernel::load_row_indices<void>(ap, a, row);
   const float q_scale = p.q_out_fp8 ? rope_q_scale(p) : 1.0f;
   const bool write_q = !p.q_out_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
-  uint32_t w[kHeadsPerPass][kWordsPerUnit];
-  bool active[kHeadsPerPass];
-  load_pass(p, a, row, slot, unit, has_unit, write_q, 0, w, active);
-  const bool rotates = table != nullptr && has_unit && int64_t(unit) * 16 < p.rotary_dim;
-  UnitTable t{};
-  if (rotates) t = load_unit_table(p, table, unit, a.table_vector);
+  const float q_inverse = p.q_out_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
   append_kernel::Target target{0, 0, false};
-  if (placeable && table != nullptr) target = append_kernel::start_target<void, true>(ap, a, row, indices);
-  const bool placed = placeable && table != nullptr && append_kernel::finish_target(ap, target);
-  const float k_scale = placed ? global_scale(ap, false) : 0.0f;
-  const float v_scale = placed ? global_scale(ap, true) : 0.0f;
+  const bool placed = placeable && table != nullptr;
+  if (placed) target = append_kernel::start_target<void, true>(ap, a, row, indices);
 
-  for (uint32_t i = 0; i < a.iterations; i += kHeadsPerPass) {
-    if (i > 0) load_pass(p, a, row, slot, unit, has_unit, write_q, i, w, active);
-    // Partner values (whole-warp operations: every lane takes part in every pass).
-    uint32_t partner[kHeadsPerPass][kWordsPerUnit] = {};
+  for (uint32_t i = 0; i < a.iterations; ++i) {
+    const uint32_t item = threadIdx.x + i * blockDim.x;
+    const Head h = head_of(p, item >> a.group_shift);
+    const bool active = item < a.items && has_unit && (!h.is_q || write_q);
+    uint32_t w[kWordsPerUnit] = {};
+    if (active) load_item(p, a, row, h, unit, w);
+    // Partner values (whole-warp operations: every lane takes part in every iteration).
+    uint32_t partner[kWordsPerUnit] = {};
     if constexpr (kPairs == Pairs::kNeoxAligned) {
 #pragma unroll
-      for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) partner[h][k] = __shfl_sync(0xFFFFFFFFu, w[h][k], partner_lane % kLanes);
-      }
+      for (int k = 0; k < 8; ++k) partner[k] = __shfl_sync(0xFFFFFFFFu, w[k], partner_lane % kLanes);
     } else if constexpr (kPairs == Pairs::kNeoxStaged) {
+      uint32_t* mine = staged + threadIdx.x * kWordsPerUnit;
+      __syncwarp();
 #pragma unroll
-      for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
-        uint32_t* mine = staged + threadIdx.x * kWordsPerUnit;
-        __syncwarp();
+      for (int k = 0; k < 8; ++k) mine[k] = w[k];
+      __syncwarp();
+      const uint16_t* values = reinterpret_cast<const uint16_t*>(staged + (threadIdx.x - unit) * kWordsPerUnit);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) mine[k] = w[h][k];
-        __syncwarp();
-        const uint16_t* group = reinterpret_cast<const uint16_t*>(staged + (threadIdx.x - unit) * kWordsPerUnit);
-#pragma unroll
-        for (int k = 0; k < 16; ++k) {
-          const int64_t d = int64_t(unit) * 16 + k;
-          const uint32_t bits = d < p.rotary_dim ? group[rope::partner_dim(d, half, true)] : 0u;
-          partner[h][k / 2] |= bits << (16 * (k % 2));
-        }
+      for (int k = 0; k < 16; ++k) {
+        const int64_t d = int64_t(unit) * 16 + k;
+        const uint32_t bits = d < p.rotary_dim ? values[rope::partner_dim(d, half, true)] : 0u;
+        partner[k / 2] |= bits << (16 * (k % 2));
       }
     }
-#pragma unroll
-    for (uint32_t h = 0; h < kHeadsPerPass; ++h) {
-      if (active[h]) {
-        write_unit<kBF16, kPairs>(p, a, table, rotates, t, row, slot + (i + h) * a.slots, unit, w[h], partner[h],
-                                  placed, target.page, target.entry, k_scale, v_scale, q_scale);
-      }
-    }
+    if (active) write_item<kBF16, kPairs>(p, a, table, row, h, unit, w, partner, target, placed, q_scale, q_inverse);
   }
 }
 
@@ -376,19 +399,20 @@ bool aligned8(const CacheView& c) {
 }
 
 template <bool kBF16>
-cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, cudaStream_t stream) {
+cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, uint32_t threads, cudaStream_t stream) {
   const bool programmatic = programmatic_launch::enabled_on_current_device();
-  const dim3 grid(uint32_t(p.rows)), block(kThreads);
+  const dim3 grid(uint32_t(p.rows)), block(threads);
   switch (pairs) {
     case Pairs::kGptJ:
-      return programmatic_launch::launch(rope_append_kernel<kBF16, Pairs::kGptJ>, grid, block, stream, programmatic, p,
-                                         a);
+      return programmatic_launch::launch_with_shared(rope_append_kernel<kBF16, Pairs::kGptJ>, grid, block, 0, stream,
+                                                     programmatic, p, a);
     case Pairs::kNeoxAligned:
-      return programmatic_launch::launch(rope_append_kernel<kBF16, Pairs::kNeoxAligned>, grid, block, stream,
-                                         programmatic, p, a);
+      return programmatic_launch::launch_with_shared(rope_append_kernel<kBF16, Pairs::kNeoxAligned>, grid, block, 0,
+                                                     stream, programmatic, p, a);
     default:
-      return programmatic_launch::launch(rope_append_kernel<kBF16, Pairs::kNeoxStaged>, grid, block, stream,
-                                         programmatic, p, a);
+      return programmatic_launch::launch_with_shared(rope_append_kernel<kBF16, Pairs::kNeoxStaged>, grid, block,
+                                                     threads * kWordsPerUnit * sizeof(uint32_t), stream, programmatic,
+                                                     p, a);
   }
 }
 
@@ -411,13 +435,17 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
       p.append.num_pages == 0 || (!slot_mapping && (p.append.batch_size == 0 || p.append.kv_indices.size == 0));
   a.placeable_rows = no_target ? 0 : p.append.nnz;
   const uint32_t units = uint32_t(p.append.head_dim / codec::kBlockSize);  // <= 32 (kRopeMaxHeadDim)
-  a.group = 1;
-  while (a.group < units) a.group *= 2;
-  a.slots = kThreads / a.group;
-  a.heads = uint32_t(p.num_q_heads + 2 * p.append.num_heads);
-  a.iterations = (a.heads + a.slots - 1) / a.slots;
-  const int64_t q_in_item = 2, q_out_item = p.q_out_fp8 ? 1 : 2;
-  a.query16 = aligned16(p.query.data, p.query.row_stride, p.query.head_stride, q_in_item);
+  while ((1u << a.group_shift) < units) ++a.group_shift;
+  const uint64_t items = uint64_t(p.num_q_heads + 2 * p.append.num_heads) << a.group_shift;
+  if (items >= (uint64_t(1) << 31)) {
+    *error_string = "too many heads for one launch";
+    return cudaErrorInvalidValue;
+  }
+  a.items = uint32_t(items);
+  const uint32_t threads = uint32_t(std::min<uint64_t>(kMaxThreads, (items + kLanes - 1) / kLanes * kLanes));
+  a.iterations = (a.items + threads - 1) / threads;
+  const int64_t q_out_item = p.q_out_fp8 ? 1 : 2;
+  a.query16 = aligned16(p.query.data, p.query.row_stride, p.query.head_stride, 2);
   a.key16 = aligned16(p.append.key.data, p.append.key.row_stride, p.append.key.head_stride, 2);
   a.value16 = aligned16(p.append.value.data, p.append.value.row_stride, p.append.value.head_stride, 2);
   a.q_out16 = aligned16(p.q_out.data, p.q_out.row_stride, p.q_out.head_stride, q_out_item);
@@ -426,10 +454,10 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
   const int64_t half = p.rotary_dim / 2;
   a.table_vector = p.cos_sin_type == rope::TableType::kFloat32 && reinterpret_cast<uintptr_t>(p.cos_sin) % 16 == 0 &&
                    p.cos_sin_row_stride % 4 == 0 && (p.neox ? half % 16 == 0 : p.rotary_dim % 32 == 0);
-  const Pairs pairs = !p.neox ? Pairs::kGptJ : (p.rotary_dim / 2) % 16 == 0 ? Pairs::kNeoxAligned : Pairs::kNeoxStaged;
+  const Pairs pairs = !p.neox ? Pairs::kGptJ : half % 16 == 0 ? Pairs::kNeoxAligned : Pairs::kNeoxStaged;
   const auto s = static_cast<cudaStream_t>(stream);
-  const cudaError_t error =
-      p.append.input_is_bf16 ? launch_pairs<true>(p, a, pairs, s) : launch_pairs<false>(p, a, pairs, s);
+  const cudaError_t error = p.append.input_is_bf16 ? launch_pairs<true>(p, a, pairs, threads, s)
+                                                   : launch_pairs<false>(p, a, pairs, threads, s);
   if (error != cudaSuccess) *error_string = cudaGetErrorString(error);
   return int(error);
 }
