@@ -59,6 +59,30 @@ def _check_types(op: str, named_tensors: Tuple[Tuple[str, object], ...], caches,
     check_python_types(op, (*named_tensors, *zip(names, caches)), strings)
 
 
+def debug_checked_batch_indices(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, caches,
+                                scale_tensors, kv_layout: str):  # fmt: skip
+    """Debug mode's check of the page-table index data: on the host eagerly, by an op of its own at run time when
+    traced (the index data is device data); returns the batch indices the append then reads."""
+    page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
+    if is_dynamo_compiling():
+        return debug_checks.checked_batch_indices(
+            batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, *scale_tensors, *page_geometry
+        )
+    debug_checks.check_index_data(
+        batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, *scale_tensors, *page_geometry
+    )
+    return batch_indices
+
+
+def debug_checked_slot_mapping(slot_mapping, caches, scale_tensors, kv_layout: str):
+    """debug_checked_batch_indices for the slot mapping."""
+    page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
+    if is_dynamo_compiling():
+        return debug_checks.checked_slot_mapping(slot_mapping, *scale_tensors, *page_geometry)
+    debug_checks.check_slot_data(slot_mapping, *scale_tensors, *page_geometry)
+    return slot_mapping
+
+
 def nvfp4_quantize_append_paged_kv_cache(
     append_key: torch.Tensor,
     append_value: torch.Tensor,
@@ -128,15 +152,9 @@ def nvfp4_quantize_append_paged_kv_cache(
     if is_dynamo_compiling():
         _refuse_shared_storage_when_traced(op, caches, (*named, *zip(("k_scale", "v_scale"), scale_tensors)))
     if debug_checks.ENABLED:
-        page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
-        if is_dynamo_compiling():  # checked by an op of its own at run time (the index data is device data)
-            batch_indices = debug_checks.checked_batch_indices(
-                batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, *scale_tensors, *page_geometry
-            )
-        else:
-            debug_checks.check_index_data(
-                batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, *scale_tensors, *page_geometry
-            )
+        batch_indices = debug_checked_batch_indices(
+            batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, caches, scale_tensors, kv_layout
+        )
     append = _APPEND if is_dynamo_compiling() else _APPEND_OP
     append(append_key, append_value, batch_indices, positions, *caches, kv_indices, kv_indptr, kv_last_page_len,
            *scales, kv_layout, *scale_tensors, v_sf_layout, scale_search)  # fmt: skip
@@ -196,11 +214,7 @@ def nvfp4_quantize_append_paged_kv_cache_with_slot_mapping(
     if is_dynamo_compiling():
         _refuse_shared_storage_when_traced(op, caches, (*named, *zip(("k_scale", "v_scale"), scale_tensors)))
     if debug_checks.ENABLED:
-        page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
-        if is_dynamo_compiling():
-            slot_mapping = debug_checks.checked_slot_mapping(slot_mapping, *scale_tensors, *page_geometry)
-        else:
-            debug_checks.check_slot_data(slot_mapping, *scale_tensors, *page_geometry)
+        slot_mapping = debug_checked_slot_mapping(slot_mapping, caches, scale_tensors, kv_layout)
     append = _APPEND_WITH_SLOT_MAPPING if is_dynamo_compiling() else _APPEND_WITH_SLOT_MAPPING_OP
     append(append_key, append_value, slot_mapping, *caches, *scales, kv_layout, *scale_tensors, v_sf_layout,
            scale_search)  # fmt: skip

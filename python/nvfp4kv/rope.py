@@ -10,7 +10,14 @@ import torch
 from torch.compiler import is_dynamo_compiling
 
 from . import debug_checks
-from .append import _CACHE_NAMES, _STACKED_NAMES, _op_caches_and_scales, _same_base
+from .append import (
+    _CACHE_NAMES,
+    _STACKED_NAMES,
+    _op_caches_and_scales,
+    _same_base,
+    debug_checked_batch_indices,
+    debug_checked_slot_mapping,
+)
 from .arguments import Cache, Scale, check_python_types, scale_argument
 from .fake import refuse_shared_storage
 
@@ -99,15 +106,9 @@ def rope_quantize_nvfp4_append_paged_kv_cache(
     rotation = (("query", op_query), ("cos_sin_cache", cos_sin_cache), ("rope_positions", rope_positions))
     _checks(op, named, rotation, caches, (*scale_tensors, q_tensor), q_out, k_out)
     if debug_checks.ENABLED:
-        page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
-        if is_dynamo_compiling():  # checked by an op of its own at run time (the index data is device data)
-            batch_indices = debug_checks.checked_batch_indices(
-                batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, *scale_tensors, *page_geometry
-            )
-        else:
-            debug_checks.check_index_data(
-                batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, *scale_tensors, *page_geometry
-            )
+        batch_indices = debug_checked_batch_indices(
+            batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, caches, scale_tensors, kv_layout
+        )
     call = _ROPE if is_dynamo_compiling() else _ROPE._op
     call(key, value, batch_indices, positions, *caches, kv_indices, kv_indptr, kv_last_page_len, *scales, kv_layout,
          *scale_tensors, v_sf_layout, scale_search, op_query, cos_sin_cache, rope_positions, q_out, k_out,
@@ -146,11 +147,7 @@ def rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping(
     rotation = (("query", op_query), ("cos_sin_cache", cos_sin_cache), ("rope_positions", rope_positions))
     _checks(op, named, rotation, caches, (*scale_tensors, q_tensor), q_out, k_out)
     if debug_checks.ENABLED:
-        page_geometry = debug_checks.page_geometry(caches[0], caches[1], kv_layout)
-        if is_dynamo_compiling():
-            slot_mapping = debug_checks.checked_slot_mapping(slot_mapping, *scale_tensors, *page_geometry)
-        else:
-            debug_checks.check_slot_data(slot_mapping, *scale_tensors, *page_geometry)
+        slot_mapping = debug_checked_slot_mapping(slot_mapping, caches, scale_tensors, kv_layout)
     call = _ROPE_WITH_SLOT_MAPPING if is_dynamo_compiling() else _ROPE_WITH_SLOT_MAPPING._op
     call(key, value, slot_mapping, *caches, *scales, kv_layout, *scale_tensors, v_sf_layout, scale_search, op_query,
          cos_sin_cache, rope_positions, q_out, k_out, bool(is_neox), q_value, q_tensor)  # fmt: skip
