@@ -602,3 +602,24 @@ def test_empty_page_table_still_rotates_every_row(device):
     assert torch.equal(k_out.cpu().view(torch.int16), k_expected.view(torch.int16))
     assert torch.equal(cache_bytes(case.paged_kv_cache), before[0])
     assert torch.equal(cache_bytes(case.kv_cache_sf), before[1])
+
+
+def test_compiled_op_writes_caches_and_q_out_in_place():
+    """Inductor calls the op once on the graph inputs: no clone, copy or fresh buffer stands in for a cache or for
+    a given q_out."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    case, eager = (make_rope_case(stacked=True, seed=seed_of("in place")) for _ in range(2))
+    q_out, eager_q_out = torch.empty_like(case.query), torch.empty_like(eager.query)
+
+    def write(*args):
+        return nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*args, q_out=q_out)
+
+    _, codes = run_and_get_code(torch.compile(write, fullgraph=True), *case.args())
+    nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*eager.args(), q_out=eager_q_out)
+    assert_same_caches(case, eager, "compiled vs eager:")
+    assert torch.equal(q_out.view(torch.int16), eager_q_out.view(torch.int16))
+    code = "\n".join(codes)
+    assert sum("torch.ops.nvfp4kv.rope_append_paged_kv_cache" in line for line in code.splitlines()) == 1, code
+    assert "copy_" not in code and "clone" not in code, code
