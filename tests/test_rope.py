@@ -623,3 +623,21 @@ def test_compiled_op_writes_caches_and_q_out_in_place():
     code = "\n".join(codes)
     assert sum("torch.ops.nvfp4kv.rope_append_paged_kv_cache" in line for line in code.splitlines()) == 1, code
     assert "copy_" not in code and "clone" not in code, code
+
+
+@pytest.mark.parametrize("slots", [False, True], ids=["page_table", "slots"])
+def test_bad_index_data_skips_those_rows(slots, device):
+    """Index values are device data: rows whose batch index, position, page slot, page id or flat slot fall outside
+    the page table or the cache are skipped (SPEC section 3) and still rotated into Q out; the rest are cached."""
+    case = make_rope_case(batch_size=4, seed=seed_of(f"bad index data {slots}"))
+    k_cache = case.paged_kv_cache[0] if isinstance(case.paged_kv_cache, tuple) else case.paged_kv_cache
+    pages = k_cache.shape[0]
+    case.batch_indices, case.positions = case.batch_indices.clone(), case.positions.clone()
+    case.kv_indices, case.slot_mapping = case.kv_indices.clone(), case.slot_mapping.clone()
+    case.batch_indices[0] = case.kv_last_page_len.numel() + 3  # past the batch
+    case.positions[1] = -5
+    case.positions[2] = 1 << 40 if case.positions.dtype == torch.int64 else (1 << 31) - 1  # past the request's pages
+    case.kv_indices[-1] = pages + 7  # a page id past the cache (the last request's last page)
+    case.slot_mapping[0] = pages * 10_000  # past the cache
+    case.slot_mapping[2] = -(1 << 20)  # negative: padding
+    assert_rope_matches(case, device, "bad index data", slots=slots)
