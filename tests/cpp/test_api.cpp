@@ -218,10 +218,27 @@ TEST(Rope, HandComputedQuarterTurn) {
   EXPECT_TRUE(
       at::equal(q.view(at::kByte), (row.repeat({2, 1, 1}).to(at::kFloat) * 2).to(at::kFloat8_e4m3fn).view(at::kByte)));
   const std::vector<int> codes{7, 0, 2, 2, 4, 4, 6, 6, 15, 8, 10, 10, 12, 12, 14, 14};
-  for (int kv = 0; kv < 2; ++kv) {
-    EXPECT_EQ(cache_sf[0][kv][0][0][0].item<int64_t>(), 0x38);
-    for (int k = 0; k < 8; ++k) EXPECT_EQ(cache[0][kv][0][0][k].item<int64_t>(), codes[2 * k] | codes[2 * k + 1] << 4);
-  }
+  const auto expect_codes = [&] {
+    for (int kv = 0; kv < 2; ++kv) {
+      EXPECT_EQ(cache_sf[0][kv][0][0][0].item<int64_t>(), 0x38);
+      for (int k = 0; k < 8; ++k)
+        EXPECT_EQ(cache[0][kv][0][0][k].item<int64_t>(), codes[2 * k] | codes[2 * k + 1] << 4);
+    }
+  };
+  expect_codes();
+  // The slot-mapping variant, Q rotated in place in a bf16 query (slot 0: page 0, entry 0; -1: padding).
+  cache.fill_(0xA5);
+  cache_sf.fill_(0x5A);
+  at::Tensor query = key.clone();
+  nvfp4kv::RopeOptions in_place;
+  in_place.is_neox = false;
+  in_place.q_out = query;
+  const at::Tensor q16 = nvfp4kv::rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping(
+      query, key, value, table, at::tensor({3, 0}, at::kInt), at::tensor({0, -1}, at::kInt), cache,
+      cache_sf.view(at::kFloat8_e4m3fn), 1.0, 1.0, "NHD", in_place);
+  EXPECT_TRUE(q16.is_same(query));
+  EXPECT_TRUE(at::equal(query, row.repeat({2, 1, 1})));
+  expect_codes();
 }
 
 TEST(Append, TensorScaleWritesTheSameBytesAsAFloatScale) {

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace nvfp4kv {
 namespace detail {
@@ -34,7 +35,8 @@ struct NamedArgument {
 };
 
 // Calls `op` with the named arguments (schema defaults for the others); returns the outputs.
-inline torch::jit::Stack call(const c10::OperatorHandle& op, std::initializer_list<NamedArgument> arguments) {
+template <typename Arguments>
+inline torch::jit::Stack call_with(const c10::OperatorHandle& op, const Arguments& arguments) {
   const c10::FunctionSchema& schema = op.schema();
   for (const NamedArgument& given : arguments) {
     if (!schema.argumentIndexWithName(given.name).has_value()) {
@@ -62,6 +64,14 @@ inline torch::jit::Stack call(const c10::OperatorHandle& op, std::initializer_li
   }
   op.callBoxed(stack);
   return stack;
+}
+
+inline torch::jit::Stack call(const c10::OperatorHandle& op, std::initializer_list<NamedArgument> arguments) {
+  return call_with(op, arguments);
+}
+
+inline torch::jit::Stack call(const c10::OperatorHandle& op, const std::vector<NamedArgument>& arguments) {
+  return call_with(op, arguments);
 }
 
 }  // namespace detail

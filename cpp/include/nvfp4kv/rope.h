@@ -11,6 +11,8 @@
 
 #include <optional>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "nvfp4kv/operator.h"
 #include "nvfp4kv/page.h"
@@ -40,14 +42,39 @@ inline std::pair<std::optional<at::Tensor>, at::Tensor> rope_q_arguments(const a
   return {query, at::empty(query.sizes(), query.options().dtype(options.q_out_dtype.value_or(query.scalar_type())))};
 }
 
-inline c10::IValue rope_q_scale_value(const RopeOptions& options) {
-  if (!options.q_scale.has_value() || options.q_scale->tensor.has_value()) return c10::IValue();
-  return options.q_scale->value;
-}
-
-inline c10::IValue rope_q_scale_tensor(const RopeOptions& options) {
-  if (!options.q_scale.has_value()) return c10::IValue();
-  return options.q_scale->tensor;
+// Calls the fused op: `placement` (the variant's own index arguments), then the arguments both variants share.
+inline at::Tensor call_rope(const c10::OperatorHandle& op, std::vector<NamedArgument> placement,
+                            const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                            const at::Tensor& cos_sin_cache, const at::Tensor& rope_positions,
+                            const PagedCache& paged_kv_cache, const PagedCache& kv_cache_sf, const GlobalScale& k_scale,
+                            const GlobalScale& v_scale, std::string_view kv_layout, const RopeOptions& options) {
+  auto [op_query, q_out] = rope_q_arguments(query, options);
+  const bool q_scale_value = options.q_scale.has_value() && !options.q_scale->tensor.has_value();
+  std::vector<NamedArgument> arguments{
+      {"append_key", key},
+      {"append_value", value},
+      {"k_cache", paged_kv_cache.first},
+      {"v_cache", paged_kv_cache.second},
+      {"k_cache_sf", kv_cache_sf.first},
+      {"v_cache_sf", kv_cache_sf.second},
+      {"k_scale", k_scale.value},
+      {"v_scale", v_scale.value},
+      {"kv_layout", std::string(kv_layout)},
+      {"k_scale_tensor", k_scale.tensor},
+      {"v_scale_tensor", v_scale.tensor},
+      {"v_sf_layout", std::string(options.v_sf_layout)},
+      {"scale_search", std::string(options.scale_search)},
+      {"query", op_query},
+      {"cos_sin_cache", cos_sin_cache},
+      {"rope_positions", rope_positions},
+      {"q_out", q_out},
+      {"k_out", options.k_out},
+      {"is_neox", options.is_neox},
+      {"q_scale", q_scale_value ? c10::IValue(options.q_scale->value) : c10::IValue()},
+      {"q_scale_tensor", options.q_scale.has_value() ? c10::IValue(options.q_scale->tensor) : c10::IValue()}};
+  arguments.insert(arguments.end(), placement.begin(), placement.end());
+  call(op, arguments);
+  return q_out;
 }
 
 }  // namespace detail
@@ -64,34 +91,14 @@ inline at::Tensor rope_quantize_nvfp4_append_paged_kv_cache(
     const at::Tensor& kv_indptr, const at::Tensor& kv_last_page_len, const GlobalScale& k_scale,
     const GlobalScale& v_scale, std::string_view kv_layout = "NHD", const RopeOptions& options = {}) {
   static const c10::OperatorHandle op = detail::find_op("nvfp4kv::rope_append_paged_kv_cache");
-  const auto [op_query, q_out] = detail::rope_q_arguments(query, options);
-  detail::call(op, {{"append_key", key},
-                    {"append_value", value},
-                    {"batch_indices", batch_indices},
-                    {"positions", positions},
-                    {"k_cache", paged_kv_cache.first},
-                    {"v_cache", paged_kv_cache.second},
-                    {"k_cache_sf", kv_cache_sf.first},
-                    {"v_cache_sf", kv_cache_sf.second},
-                    {"kv_indices", kv_indices},
-                    {"kv_indptr", kv_indptr},
-                    {"kv_last_page_len", kv_last_page_len},
-                    {"k_scale", k_scale.value},
-                    {"v_scale", v_scale.value},
-                    {"kv_layout", std::string(kv_layout)},
-                    {"k_scale_tensor", k_scale.tensor},
-                    {"v_scale_tensor", v_scale.tensor},
-                    {"v_sf_layout", std::string(options.v_sf_layout)},
-                    {"scale_search", std::string(options.scale_search)},
-                    {"query", op_query},
-                    {"cos_sin_cache", cos_sin_cache},
-                    {"rope_positions", rope_positions},
-                    {"q_out", q_out},
-                    {"k_out", options.k_out},
-                    {"is_neox", options.is_neox},
-                    {"q_scale", detail::rope_q_scale_value(options)},
-                    {"q_scale_tensor", detail::rope_q_scale_tensor(options)}});
-  return q_out;
+  return detail::call_rope(op,
+                           {{"batch_indices", batch_indices},
+                            {"positions", positions},
+                            {"kv_indices", kv_indices},
+                            {"kv_indptr", kv_indptr},
+                            {"kv_last_page_len", kv_last_page_len}},
+                           query, key, value, cos_sin_cache, rope_positions, paged_kv_cache, kv_cache_sf, k_scale,
+                           v_scale, kv_layout, options);
 }
 
 // The same, addressed by flat slots (see nvfp4_quantize_append_paged_kv_cache_with_slot_mapping).
@@ -101,30 +108,8 @@ inline at::Tensor rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping(
     const PagedCache& kv_cache_sf, const GlobalScale& k_scale, const GlobalScale& v_scale,
     std::string_view kv_layout = "NHD", const RopeOptions& options = {}) {
   static const c10::OperatorHandle op = detail::find_op("nvfp4kv::rope_append_paged_kv_cache_with_slot_mapping");
-  const auto [op_query, q_out] = detail::rope_q_arguments(query, options);
-  detail::call(op, {{"append_key", key},
-                    {"append_value", value},
-                    {"slot_mapping", slot_mapping},
-                    {"k_cache", paged_kv_cache.first},
-                    {"v_cache", paged_kv_cache.second},
-                    {"k_cache_sf", kv_cache_sf.first},
-                    {"v_cache_sf", kv_cache_sf.second},
-                    {"k_scale", k_scale.value},
-                    {"v_scale", v_scale.value},
-                    {"kv_layout", std::string(kv_layout)},
-                    {"k_scale_tensor", k_scale.tensor},
-                    {"v_scale_tensor", v_scale.tensor},
-                    {"v_sf_layout", std::string(options.v_sf_layout)},
-                    {"scale_search", std::string(options.scale_search)},
-                    {"query", op_query},
-                    {"cos_sin_cache", cos_sin_cache},
-                    {"rope_positions", rope_positions},
-                    {"q_out", q_out},
-                    {"k_out", options.k_out},
-                    {"is_neox", options.is_neox},
-                    {"q_scale", detail::rope_q_scale_value(options)},
-                    {"q_scale_tensor", detail::rope_q_scale_tensor(options)}});
-  return q_out;
+  return detail::call_rope(op, {{"slot_mapping", slot_mapping}}, query, key, value, cos_sin_cache, rope_positions,
+                           paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout, options);
 }
 
 }  // namespace nvfp4kv
