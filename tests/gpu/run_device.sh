@@ -12,7 +12,8 @@
 #              (PYTEST_TARGETS narrows it, e.g. PYTEST_TARGETS=tests/test_cuda.py)
 #   sanitize   compute-sanitizer memcheck and racecheck over the CUDA tests of tests/test_append.py,
 #              tests/test_dequantize.py, tests/test_cuda.py, tests/test_fuzz.py (NVFP4KV_FUZZ_EXAMPLES
-#              cases each), tests/test_bad_inputs.py, tests/test_helper_bad_data.py and tests/test_mla.py
+#              cases each), tests/test_bad_inputs.py, tests/test_helper_bad_data.py, tests/test_mla.py and
+#              tests/test_rope.py (not its README example or graph tests, which allocate while capturing)
 #              (SANITIZE_TARGETS narrows it; small grid, no torch.compile tests, no codec check, no caching
 #              allocator so that every tensor is its own allocation, hence no graph capture of allocating
 #              helpers); runs last, each tool under SANITIZE_TIMEOUT seconds (default 900)
@@ -121,9 +122,10 @@ if has_stage sanitize; then
     NVFP4KV_TEST_SMALL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-900}" \
       compute-sanitizer --tool "$tool" --error-exitcode 7 \
       --print-limit 20 $PY -m pytest ${SANITIZE_TARGETS:-tests/test_append.py tests/test_dequantize.py \
-      tests/test_cuda.py tests/test_fuzz.py tests/test_bad_inputs.py tests/test_helper_bad_data.py tests/test_mla.py} \
-      -q -p no:cacheprovider \
-      -k "not compiled and not first_call and not sass and not codec_check and not cpu and not capturable"
+      tests/test_cuda.py tests/test_fuzz.py tests/test_bad_inputs.py tests/test_helper_bad_data.py tests/test_mla.py \
+      tests/test_rope.py} -q -p no:cacheprovider \
+      -k "not compiled and not first_call and not sass and not codec_check and not cpu and not capturable and not readme \
+          and not (test_rope and graph)"
   }
   stage memcheck "$OUT/memcheck.log" sanitize memcheck
   stage racecheck "$OUT/racecheck.log" sanitize racecheck
