@@ -641,3 +641,22 @@ def test_bad_index_data_skips_those_rows(slots, device):
     case.slot_mapping[0] = pages * 10_000  # past the cache
     case.slot_mapping[2] = -(1 << 20)  # negative: padding
     assert_rope_matches(case, device, "bad index data", slots=slots)
+
+
+@pytest.mark.parametrize("tensor_scales", [False, True], ids=["float_scales", "tensor_scales"])
+@pytest.mark.parametrize("argument", ["key", "cos_sin_cache", "kv_layout", "v_sf_layout", "q_out"])
+def test_wrong_python_types_are_named(argument, tensor_scales):
+    """A wrong Python type is a TypeError naming the argument, on the decode fast path (float scales) and off it."""
+    case = make_rope_case(seed=seed_of(f"python types {argument} {tensor_scales}"))
+    args = list(case.args())
+    kwargs = {"v_sf_layout": 3} if argument == "v_sf_layout" else {"q_out": "q"} if argument == "q_out" else {}
+    if argument in ("key", "cos_sin_cache"):
+        args[{"key": 1, "cos_sin_cache": 3}[argument]] = [1.0]
+    if argument == "kv_layout":
+        args[14] = b"NHD"
+    if tensor_scales:
+        args[12], args[13] = (torch.tensor([float(s)]) for s in args[12:14])
+    before = cache_bytes(case.paged_kv_cache)
+    with pytest.raises(TypeError, match=rf"nvfp4kv\.{OP}: {argument} must be"):
+        nvfp4kv.rope_quantize_nvfp4_append_paged_kv_cache(*args, **kwargs)
+    assert torch.equal(cache_bytes(case.paged_kv_cache), before)

@@ -49,10 +49,16 @@ def _q_arguments(op: str, query, q_out, q_out_dtype, q_scale) -> Tuple:
     return (None if q_out is query else query), q_out, scale_value, scale_tensor
 
 
-def _checks(op: str, named, rotation, caches, scale_tensors, q_out, k_out) -> None:
-    """Python types, and while TorchDynamo traces, the shared-storage refusal for everything the op writes."""
+def _page_table_tensors(key, value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len):
+    return (("key", key), ("value", value), ("batch_indices", batch_indices), ("positions", positions),
+            ("kv_indices", kv_indices), ("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len))  # fmt: skip
+
+
+def _checks(op: str, named, rotation, caches, scale_tensors, q_out, k_out, strings) -> None:
+    """Python types (`strings`: the (name, value) str arguments), and while TorchDynamo traces, the shared-storage
+    refusal for everything the op writes."""
     names = _CACHE_NAMES if caches[1] is not None else _STACKED_NAMES
-    check_python_types(op, (*named, *rotation, ("k_out", k_out), *zip(names, caches)), ())
+    check_python_types(op, (*named, *rotation, ("q_out", q_out), ("k_out", k_out), *zip(names, caches)), strings)
     if is_dynamo_compiling():
         written = [*zip(caches, names), (q_out, "q_out"), (k_out, "k_out")]
         reads = [*named, *rotation, *zip(("k_scale", "v_scale", "q_scale"), scale_tensors)]
@@ -99,12 +105,35 @@ def rope_quantize_nvfp4_append_paged_kv_cache(
     of the input dtype receiving the rotated K. Returns q_out.
     """
     op = "rope_append_paged_kv_cache"
+    # The call of every layer of every decode step: (K, V) tuples, float scales, eager, no debug checks. Written out
+    # here (no helper calls), as in append.py: Python's call overhead is a measurable part of the host time.
+    if (type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float
+            and type(v_scale) is float and (q_scale is None or type(q_scale) is float) and type(kv_layout) is str
+            and type(query) is torch.Tensor and len(paged_kv_cache) == 2 and len(kv_cache_sf) == 2
+            and (q_out_dtype is None or (q_out is None and q_out_dtype in _Q_OUT_DTYPES))
+            and not debug_checks.ENABLED and not is_dynamo_compiling()):  # fmt: skip
+        k, v = paged_kv_cache
+        k_sf, v_sf = kv_cache_sf
+        if q_out is None:
+            q_out = torch.empty(query.shape, dtype=q_out_dtype or query.dtype, device=query.device)
+        try:
+            _ROPE._op(key, value, batch_indices, positions, k, v, k_sf, v_sf, kv_indices, kv_indptr, kv_last_page_len,
+                      k_scale, v_scale, kv_layout, None, None, v_sf_layout, scale_search,
+                      None if q_out is query else query, cos_sin_cache, rope_positions, q_out, k_out, bool(is_neox),
+                      q_scale, None)  # fmt: skip
+        except (TypeError, RuntimeError):
+            named = _page_table_tensors(key, value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)
+            rotation = (("query", query), ("cos_sin_cache", cos_sin_cache), ("rope_positions", rope_positions))
+            strings = (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search))
+            _checks(op, named, rotation, (k, v, k_sf, v_sf), (None, None, None), q_out, k_out, strings)
+            raise
+        return q_out
     op_query, q_out, q_value, q_tensor = _q_arguments(op, query, q_out, q_out_dtype, q_scale)
     caches, scales, scale_tensors = _op_caches_and_scales(op, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
-    named = (("key", key), ("value", value), ("batch_indices", batch_indices), ("positions", positions),
-             ("kv_indices", kv_indices), ("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len))  # fmt: skip
+    named = _page_table_tensors(key, value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)
     rotation = (("query", op_query), ("cos_sin_cache", cos_sin_cache), ("rope_positions", rope_positions))
-    _checks(op, named, rotation, caches, (*scale_tensors, q_tensor), q_out, k_out)
+    strings = (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search))
+    _checks(op, named, rotation, caches, (*scale_tensors, q_tensor), q_out, k_out, strings)
     if debug_checks.ENABLED:
         batch_indices = debug_checked_batch_indices(
             batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, caches, scale_tensors, kv_layout
@@ -145,7 +174,8 @@ def rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping(
     caches, scales, scale_tensors = _op_caches_and_scales(op, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
     named = (("key", key), ("value", value), ("slot_mapping", slot_mapping))
     rotation = (("query", op_query), ("cos_sin_cache", cos_sin_cache), ("rope_positions", rope_positions))
-    _checks(op, named, rotation, caches, (*scale_tensors, q_tensor), q_out, k_out)
+    strings = (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search))
+    _checks(op, named, rotation, caches, (*scale_tensors, q_tensor), q_out, k_out, strings)
     if debug_checks.ENABLED:
         slot_mapping = debug_checked_slot_mapping(slot_mapping, caches, scale_tensors, kv_layout)
     call = _ROPE_WITH_SLOT_MAPPING if is_dynamo_compiling() else _ROPE_WITH_SLOT_MAPPING._op
