@@ -170,6 +170,27 @@ def rope_quantize_nvfp4_append_paged_kv_cache_with_slot_mapping(
     i < nnz goes to page slot // page_size, entry slot % page_size; negative slots (padding) and slots past the
     cache are skipped; rows >= nnz are only rotated. Returns q_out."""
     op = "rope_append_paged_kv_cache_with_slot_mapping"
+    if (type(paged_kv_cache) is tuple and type(kv_cache_sf) is tuple and type(k_scale) is float
+            and type(v_scale) is float and (q_scale is None or type(q_scale) is float) and type(kv_layout) is str
+            and type(query) is torch.Tensor and len(paged_kv_cache) == 2 and len(kv_cache_sf) == 2
+            and (q_out_dtype is None or (q_out is None and q_out_dtype in _Q_OUT_DTYPES))
+            and not debug_checks.ENABLED and not is_dynamo_compiling()):  # fmt: skip
+        k, v = paged_kv_cache
+        k_sf, v_sf = kv_cache_sf
+        if q_out is None:
+            q_out = torch.empty(query.shape, dtype=q_out_dtype or query.dtype, device=query.device)
+        try:
+            op_query = None if q_out is query else query
+            _ROPE_WITH_SLOT_MAPPING._op(key, value, slot_mapping, k, v, k_sf, v_sf, k_scale, v_scale, kv_layout, None,
+                                        None, v_sf_layout, scale_search, op_query, cos_sin_cache, rope_positions,
+                                        q_out, k_out, bool(is_neox), q_scale, None)  # fmt: skip
+        except (TypeError, RuntimeError):
+            named = (("key", key), ("value", value), ("slot_mapping", slot_mapping))
+            rotation = (("query", query), ("cos_sin_cache", cos_sin_cache), ("rope_positions", rope_positions))
+            strings = (("kv_layout", kv_layout), ("v_sf_layout", v_sf_layout), ("scale_search", scale_search))
+            _checks(op, named, rotation, (k, v, k_sf, v_sf), (None, None, None), q_out, k_out, strings)
+            raise
+        return q_out
     op_query, q_out, q_value, q_tensor = _q_arguments(op, query, q_out, q_out_dtype, q_scale)
     caches, scales, scale_tensors = _op_caches_and_scales(op, paged_kv_cache, kv_cache_sf, k_scale, v_scale)
     named = (("key", key), ("value", value), ("slot_mapping", slot_mapping))
