@@ -1,7 +1,9 @@
-// Unit tests of the torch-free NVFP4 codec (cpp/include/nvfp4kv/nvfp4_codec.h, SPEC section 2),
+// Unit tests of the torch-free NVFP4 codec (cpp/include/nvfp4kv/nvfp4_codec.h, SPEC section 2) and of the fused
+// RoPE append's 16-bit rounding (rope_rotation.h),
 // against brute-force references written here: nearest representable value, ties to the even code.
 #include <gtest/gtest.h>
 #include <nvfp4kv/nvfp4_codec.h>
+#include <nvfp4kv/rope_rotation.h>
 
 #include <cmath>
 #include <cstdint>
@@ -255,3 +257,57 @@ TEST(Dequantize, ValueIsCodeTimesBlockScaleTimesGlobalScale) {
 }
 
 }  // namespace
+
+// The fused RoPE append's rounding of a rotated value to 16 bits (nvfp4kv/rope_rotation.h): every finite pattern
+// round-trips, every midpoint between neighbours goes to the even pattern, the floats next to a midpoint go to
+// the nearer neighbour, overflow gives inf and NaN the canonical quiet NaN.
+struct Format16 {
+  const char* name;
+  float (*decode)(uint16_t);
+  uint16_t (*encode)(float);
+  uint16_t exponent_mask;  // all-ones exponent: inf and NaN
+  uint16_t canonical_nan;
+};
+
+float fp16_value(uint16_t h) { return fp16_bits_to_float(h); }
+float bf16_value(uint16_t h) { return bf16_bits_to_float(h); }
+
+void check_rounding_to_16_bits(const Format16& f) {
+  for (uint32_t h = 0; h < 0x7FFFu; ++h) {  // non-negative finite patterns and their successors
+    const uint16_t lo = uint16_t(h), hi = uint16_t(h + 1);
+    if ((hi & f.exponent_mask) == f.exponent_mask) continue;  // the largest finite: overflow is checked below
+    for (const uint16_t sign : {uint16_t(0), uint16_t(0x8000)}) {
+      const float a = f.decode(lo | sign);
+      ASSERT_EQ(f.encode(a), lo | sign) << f.name << " round trip of " << std::hex << (lo | sign);
+      const double b = f.decode(hi | sign);
+      const float mid = float((double(a) + b) / 2);  // exact: one bit more than the 16-bit format has
+      ASSERT_EQ(double(mid), (double(a) + b) / 2) << f.name;
+      const uint16_t even = (lo & 1) == 0 ? lo : hi;
+      ASSERT_EQ(f.encode(mid), even | sign) << f.name << " midpoint above " << std::hex << lo;
+      ASSERT_EQ(f.encode(std::nextafter(mid, 0.0f)), lo | sign) << f.name << " below the midpoint above " << lo;
+      ASSERT_EQ(f.encode(std::nextafter(mid, float(b) * 2)), hi | sign) << f.name << " above the midpoint " << lo;
+    }
+  }
+  EXPECT_EQ(f.encode(kNaN), f.canonical_nan) << f.name;
+  EXPECT_EQ(f.encode(-kNaN), f.canonical_nan) << f.name;
+  EXPECT_EQ(f.encode(kInf), f.exponent_mask) << f.name;
+  EXPECT_EQ(f.encode(-kInf), uint16_t(0x8000 | f.exponent_mask)) << f.name;
+  EXPECT_EQ(f.encode(std::numeric_limits<float>::max()), f.exponent_mask) << f.name;
+  const uint16_t largest = uint16_t(f.exponent_mask - 1);  // the largest finite pattern
+  const double step = double(f.decode(largest)) - double(f.decode(uint16_t(largest - 1)));
+  const float overflow = float(double(f.decode(largest)) + step / 2);  // its midpoint to inf: rounds to inf (even)
+  EXPECT_EQ(f.encode(overflow), f.exponent_mask) << f.name;
+  EXPECT_EQ(f.encode(std::nextafter(overflow, 0.0f)), largest) << f.name;
+}
+
+TEST(RopeRounding, Float16EveryPatternMidpointAndNeighbour) {
+  check_rounding_to_16_bits({"float16", fp16_value, nvfp4kv::rope::fp16_bits_from_float, 0x7C00, 0x7E00});
+  EXPECT_EQ(nvfp4kv::rope::fp16_bits_from_float(65520.0f), 0x7C00);                        // the midpoint to inf: even
+  EXPECT_EQ(nvfp4kv::rope::fp16_bits_from_float(std::nextafter(65520.0f, 0.0f)), 0x7BFF);  // 65504
+  EXPECT_EQ(nvfp4kv::rope::fp16_bits_from_float(0x1p-25f), 0x0000);  // half the smallest subnormal
+  EXPECT_EQ(nvfp4kv::rope::fp16_bits_from_float(std::nextafter(0x1p-25f, 1.0f)), 0x0001);
+}
+
+TEST(RopeRounding, BFloat16EveryPatternMidpointAndNeighbour) {
+  check_rounding_to_16_bits({"bfloat16", bf16_value, nvfp4kv::rope::bf16_bits_from_float, 0x7F80, 0x7FC0});
+}
