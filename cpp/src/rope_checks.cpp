@@ -58,38 +58,31 @@ bool rows_disjoint(const TensorInfo& a, const TensorInfo& b) {
   return !read_range(a).overlaps(read_range(b)) || disjoint_columns(head_columns(a), head_columns(b));
 }
 
-// q_out and k_out: each touches its bytes once, neither overlaps the other, the caches or anything read
-// (a packed qkv tensor's column ranges count as disjoint, so q_out may be a column range next to key).
+// q_out and k_out: each touches its bytes once; neither overlaps the caches, the other, or anything read (a packed
+// qkv tensor's column ranges count as disjoint, so q_out may be a column range next to key).
 void check_outputs_disjoint(const char* op, const CheckedAppend& checked, const TensorInfo& key,
-                            const TensorInfo& value, const RotationArguments& r, NamedTensors other_reads) {
-  std::pair<const TensorInfo*, const char*> outputs[] = {{&r.q_out, "q_out"}, {r.k_out ? &*r.k_out : nullptr, "k_out"}};
+                            const TensorInfo& value, const RotationArguments& r, NamedTensors rotation_reads,
+                            NamedTensors index_reads) {
+  const NamedTensors outputs = {{&r.q_out, "q_out"}, {r.k_out ? &*r.k_out : nullptr, "k_out"}};
+  WrittenRanges written_outputs;
   for (const auto& [out, name] : outputs) {
     if (out == nullptr) continue;
     if (!touches_each_byte_once(strided_bytes(*out))) {
       fail(op, name, " must not overlap itself (no stride-0 or expanded dims), got shape ", out->shape_string());
     }
-    const ByteRange range = read_range(*out);
-    for (size_t i = 0; i < checked.written.count; ++i) {
-      if (range.overlaps(checked.written.ranges[i])) {
-        fail(op, name, " must not overlap ", checked.written.names[i], " in memory, got ",
-             range.overlap_bytes(checked.written.ranges[i]), " overlapping bytes");
-      }
-    }
-    std::pair<const TensorInfo*, const char*> rows[] = {
-        {&key, "key"}, {&value, "value"}, {r.query ? &*r.query : nullptr, "query"}};
-    for (const auto& [read, read_name] : rows) {
+    written_outputs.add(name, read_range(*out));
+    for (const auto& [read, read_name] : {std::pair<const TensorInfo*, const char*>{&key, "key"},
+                                          {&value, "value"},
+                                          {r.query ? &*r.query : nullptr, "query"}}) {
       if (read != nullptr && !rows_disjoint(*out, *read)) {
         fail(op, name, " must not overlap ", read_name, " in memory (pass q_out=query to rotate Q in place), got ",
-             range.overlap_bytes(read_range(*read)), " overlapping bytes");
-      }
-    }
-    for (const auto& [read, read_name] : other_reads) {
-      if (read != nullptr && range.overlaps(read_range(*read))) {
-        fail(op, name, " must not overlap ", read_name, " in memory, got ", range.overlap_bytes(read_range(*read)),
-             " overlapping bytes");
+             read_range(*out).overlap_bytes(read_range(*read)), " overlapping bytes");
       }
     }
   }
+  check_reads_disjoint(op, checked.written, outputs);
+  check_reads_disjoint(op, written_outputs, rotation_reads);
+  check_reads_disjoint(op, written_outputs, index_reads);
   if (r.k_out && !rows_disjoint(r.q_out, *r.k_out)) {
     fail(op, "k_out must not overlap q_out in memory, got ", read_range(r.q_out).overlap_bytes(read_range(*r.k_out)),
          " overlapping bytes");
@@ -184,16 +177,8 @@ RopeParams check_rotation(const char* op, const TensorInfo& key, const TensorInf
   check_outputs_disjoint(op, checked, key, value, r,
                          {{&r.cos_sin_cache, "cos_sin_cache"},
                           {&r.rope_positions, "rope_positions"},
-                          {r.q_scale_tensor ? &*r.q_scale_tensor : nullptr, "q_scale"}});
-  for (const auto& [read, name] : index_reads) {
-    for (const auto& [out, out_name] :
-         {std::pair<const TensorInfo*, const char*>{&r.q_out, "q_out"}, {r.k_out ? &*r.k_out : nullptr, "k_out"}}) {
-      if (read != nullptr && out != nullptr && read_range(*out).overlaps(read_range(*read))) {
-        fail(op, out_name, " must not overlap ", name, " in memory, got ",
-             read_range(*out).overlap_bytes(read_range(*read)), " overlapping bytes");
-      }
-    }
-  }
+                          {r.q_scale_tensor ? &*r.q_scale_tensor : nullptr, "q_scale"}},
+                         index_reads);
   return p;
 }
 
