@@ -12,12 +12,6 @@
 namespace nvfp4kv {
 namespace {
 
-void check_rows(const char* op, const TensorInfo& t, const char* name) {
-  if (t.stride(2) != 1) {
-    fail(op, name, " must be contiguous in its last dim (stride 1), got stride ", t.stride(2));
-  }
-}
-
 // One 4-D cache tensor as the user named it ("paged_kv_cache[0]", or "paged_kv_cache" when it is a
 // half of the stacked tensor): K is element 0 of dim 1, V element 1, with dim 1 dropped.
 struct CacheTensor {
@@ -147,7 +141,7 @@ void check_rows_pair(const char* op, const TensorInfo& append_key, const TensorI
   if (head_dim <= 0 || head_dim % 16 != 0) {
     fail(op, n.key, " head_dim (last dim) must be a positive multiple of 16, got ", head_dim);
   }
-  check_rows(op, append_key, n.key);
+  check_last_dim_contiguous(op, append_key, n.key);
   if (append_value.dim() != 3 || append_value.size(0) != nnz || append_value.size(1) != num_heads ||
       append_value.size(2) != head_dim) {
     fail(op, n.value, " must have the same shape as ", n.key, " ", append_key.shape_string(), ", got ",
@@ -157,7 +151,7 @@ void check_rows_pair(const char* op, const TensorInfo& append_key, const TensorI
     fail(op, n.value, " must have the same dtype as ", n.key, " (", dtype_name(dtype), "), got ",
          dtype_name(append_value.scalar_type()));
   }
-  check_rows(op, append_value, n.value);
+  check_last_dim_contiguous(op, append_value, n.value);
   p.key = RowsView{static_cast<const uint16_t*>(append_key.data_ptr()), append_key.stride(0), append_key.stride(1)};
   p.value =
       RowsView{static_cast<const uint16_t*>(append_value.data_ptr()), append_value.stride(0), append_value.stride(1)};

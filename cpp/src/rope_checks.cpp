@@ -15,12 +15,6 @@ RotationArguments read_rotation(BoxedArguments& boxed) {
           boxed.optional_tensor(), boxed.flag(),   boxed.optional_real(), boxed.optional_tensor()};
 }
 
-void check_last_dim_contiguous(const char* op, const TensorInfo& t, const char* name) {
-  if (t.stride(t.dim() - 1) > 1) {
-    fail(op, name, " must be contiguous in its last dim (stride 1), got stride ", t.stride(t.dim() - 1));
-  }
-}
-
 // A [n, heads, head_dim] tensor; heads < 0: any.
 void check_rows_shape(const char* op, const TensorInfo& t, const char* name, int64_t rows, int64_t heads,
                       int64_t head_dim) {

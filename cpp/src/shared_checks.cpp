@@ -36,6 +36,12 @@ PageTable check_page_table(const char* op, const TensorInfo& batch_indices, cons
   return t;
 }
 
+void check_last_dim_contiguous(const char* op, const TensorInfo& t, const char* name) {
+  if (t.stride(t.dim() - 1) > 1) {
+    fail(op, name, " must be contiguous in its last dim (stride 1), got stride ", t.stride(t.dim() - 1));
+  }
+}
+
 void check_devices(const char* op, const TensorInfo& reference, const char* reference_name, NamedTensors tensors) {
   for (const auto& [tensor, name] : tensors) {
     if (tensor != nullptr && !tensor->same_device(reference)) {

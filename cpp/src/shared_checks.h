@@ -42,6 +42,9 @@ void set_page_table(Params& p, const PageTable& t) {
   p.batch_size = t.batch_size;
 }
 
+// The tensor's last dim has stride 1 (a size-1 last dim has any).
+void check_last_dim_contiguous(const char* op, const TensorInfo& t, const char* name);
+
 // Every given tensor on the device of `reference`, the argument named `reference_name`.
 void check_devices(const char* op, const TensorInfo& reference, const char* reference_name, NamedTensors tensors);
 
