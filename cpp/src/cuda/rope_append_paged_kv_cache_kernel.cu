@@ -165,20 +165,16 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const RopeLaunc
                                             const uint32_t (&partner)[kWordsPerUnit], uint32_t (&out)[kWordsPerUnit]) {
   const int64_t rotated = p.rotary_dim - int64_t(unit) * 16;  // values of the unit below R (may exceed 16)
 #pragma unroll
-  for (int k0 = 0; k0 < 16; k0 += 4) {
-    if (k0 >= rotated) {  // the rest is beyond R: bit copies
-#pragma unroll
-      for (int k = k0; k < 16; k += 2) out[k / 2] = w[k / 2];
-      break;
-    }
-    const Quad q = table_quad<kPairs>(p, a, row, unit, k0);
+  for (int k0 = 0; k0 < 16; k0 += 4) {  // fully unrolled, no early exit: w and out stay in registers
+    Quad q{};
+    if (k0 < rotated) q = table_quad<kPairs>(p, a, row, unit, k0);
 #pragma unroll
     for (int k = k0; k < k0 + 4; ++k) {
       const uint32_t bits = half_of(w, k);
       const uint32_t other = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : half_of(partner, k);
       const float v = widen<kBF16>(bits), x = widen<kBF16>(other);
-      const uint32_t result =
-          k < rotated ? round16<kBF16>(__fadd_rn(__fmul_rn(v, q.c[k - k0]), __fmul_rn(x, q.s[k - k0]))) : bits;
+      const uint32_t turned = round16<kBF16>(__fadd_rn(__fmul_rn(v, q.c[k - k0]), __fmul_rn(x, q.s[k - k0])));
+      const uint32_t result = k < rotated ? turned : bits;  // beyond R: a bit copy
       if (k % 2 == 0) {
         out[k / 2] = result;
       } else {
@@ -197,30 +193,40 @@ __device__ __forceinline__ uint32_t q_byte(float x, float q_scale, float inverse
   return sign | block_quantizer::scale_byte(block_quantizer::scale_quotient(fabsf(x), q_scale, inverse));
 }
 
+struct Block {
+  uint2 data;
+  uint32_t sf;
+};
+
 // The optional 4-over-6 recipe, out of line: its registers do not weigh on the plain recipe's path.
 template <bool kBF16>
-__device__ __noinline__ uint8_t quantize_unit_four_over_six(uint4 lo, uint4 hi, float s, uint2& data) {
+__device__ __noinline__ Block quantize_unit_four_over_six(uint4 lo, uint4 hi, float s) {
+  Block b;
   if (!block_quantizer::four_over_six_fast_scale(s)) {
-    return block_quantizer::quantize_block_four_over_six<kBF16>(lo, hi, s, data);
+    b.sf = block_quantizer::quantize_block_four_over_six<kBF16>(lo, hi, s, b.data);
+    return b;
   }
   const uint32_t w[kWordsPerUnit] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  return block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(
-      w, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, 0.0f, 0.0f, nullptr, nullptr, data);
+  b.sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(
+      w, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, 0.0f, 0.0f, nullptr, nullptr, b.data);
+  return b;
 }
 
-// The NVFP4 block of one unit with the call's recipe: its scale byte, its 8 data bytes in `data`.
+// The NVFP4 block of one unit with the call's recipe.
 template <bool kBF16>
-__device__ __forceinline__ uint8_t quantize_unit(const RopeParams& p, const uint32_t (&w)[kWordsPerUnit], float s,
-                                                 float inverse, uint2& data) {
+__device__ __forceinline__ Block quantize_unit(const RopeParams& p, const uint32_t (&w)[kWordsPerUnit], float s,
+                                               float inverse) {
   if (p.append.four_over_six) {
-    return quantize_unit_four_over_six<kBF16>(make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7]), s,
-                                              data);
+    return quantize_unit_four_over_six<kBF16>(make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7]),
+                                              s);
   }
   const float six_s = codec::kE2M1MaxValue * s;  // SPEC step 3: 6 * s rounded first
   const float* no_table[1] = {nullptr};
+  Block b;
   uint8_t sf;
-  block_quantizer::quantize_blocks<kBF16, 1, false>(w, &s, &six_s, &inverse, no_table, &data, &sf);
-  return sf;
+  block_quantizer::quantize_blocks<kBF16, 1, false>(w, &s, &six_s, &inverse, no_table, &b.data, &sf);
+  b.sf = sf;
+  return b;
 }
 
 __device__ __forceinline__ void store_block(const RopeLaunch& a, const CacheView& data_view, const CacheView& scales,
@@ -315,13 +321,13 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
   if (!placed || !append_kernel::finish_target(ap, t)) return;
   const float s = global_scale(ap, !h.is_k);
   if (!usable_global_scale(s)) return;  // a bad device scale leaves those rows untouched
-  uint2 data;
-  const uint8_t sf = quantize_unit<kBF16>(p, out, s, block_quantizer::division_inverse(codec::kE2M1MaxValue * s), data);
+  const Block b = quantize_unit<kBF16>(p, out, s, block_quantizer::division_inverse(codec::kE2M1MaxValue * s));
   const int64_t units = ap.head_dim / codec::kBlockSize;
   if (h.is_k) {
-    store_block(a, ap.k_data, ap.k_scales, false, t.page, t.entry, h.kv_head, unit, units, sf, data);
+    store_block(a, ap.k_data, ap.k_scales, false, t.page, t.entry, h.kv_head, unit, units, uint8_t(b.sf), b.data);
   } else {
-    store_block(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, t.page, t.entry, h.kv_head, unit, units, sf, data);
+    store_block(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, t.page, t.entry, h.kv_head, unit, units, uint8_t(b.sf),
+                b.data);
   }
 }
 
