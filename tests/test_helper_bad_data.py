@@ -303,10 +303,13 @@ def test_helpers_refuse_mixed_devices():
     cache, cache_sf, kv = small_cache("cuda"), small_cache_sf("cuda"), page_table([0, 1], [0, 1], [4])
     with pytest.raises(ValueError, match=r"dequantize_paged_kv_cache: kv_indices must be on paged_kv_cache's device"):
         nvfp4kv.dequantize_paged_kv_cache(cache, cache_sf, *kv, 1.0, 1.0)
+    on_device = page_table([0, 1], [0, 1], [4], "cuda")
     with pytest.raises(ValueError, match=r"dequantize_paged_kv_cache: k_scale as a tensor must be"):
-        nvfp4kv.dequantize_paged_kv_cache(
-            cache, cache_sf, *page_table([0, 1], [0, 1], [4], "cuda"), torch.tensor([1.0]), 1.0
-        )
+        nvfp4kv.dequantize_paged_kv_cache(cache, cache_sf, *on_device, torch.tensor([1.0], dtype=torch.float64), 1.0)
+    # A one-element float32 CPU tensor is read on the host, like a float.
+    host_read = nvfp4kv.dequantize_paged_kv_cache(cache, cache_sf, *on_device, torch.tensor([2.0]), 1.0)
+    as_float = nvfp4kv.dequantize_paged_kv_cache(cache, cache_sf, *on_device, 2.0, 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(host_read, as_float))
 
 
 # ---------------------------------------------------------------- get_seq_lens

@@ -147,7 +147,18 @@ def _grid_id(p: dict) -> str:
 
 @pytest.mark.parametrize("params", GRID, ids=[_grid_id(p) for p in GRID])
 def test_matches_reference(params, device):
-    p = params
+    _assert_grid_case_matches(params, device)
+
+
+@pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
+@pytest.mark.parametrize("forced_kernel_mode", ["oneshot"], indirect=True)
+@pytest.mark.parametrize("params", GRID, ids=[_grid_id(p) for p in GRID])
+def test_one_cta_per_row_cuda_kernel_matches_reference(params, forced_kernel_mode):
+    """The CUDA kernel's other shape (one CTA per row instead of 128-thread chunks) on the same grid."""
+    _assert_grid_case_matches(params, "cuda")
+
+
+def _assert_grid_case_matches(p: dict, device: str) -> None:
     (head_dim, rotary_dim), (num_qo_heads, num_kv_heads) = p["geometry"], p["heads"]
     seed = seed_of(_grid_id(p))
     case = make_rope_case(

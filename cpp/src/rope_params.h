@@ -43,9 +43,8 @@ struct RopeParams {
   const float* q_scale_device;  // ... or read by the kernel (null when a float was given or Q is 16-bit)
 };
 
-// The table row of row `row`, or null when its position is outside [0, max_pos).
-NVFP4KV_HOST_DEVICE const void* rope_table_row(const RopeParams& p, int64_t row) {
-  const int64_t position = p.rope_positions[row];
+// The table row of rope position `position`, or null when it is outside [0, max_pos).
+NVFP4KV_HOST_DEVICE const void* rope_table_row(const RopeParams& p, int64_t position) {
   if (position < 0 || position >= p.max_pos) return nullptr;
   const int64_t bytes = p.cos_sin_type == rope::TableType::kFloat32 ? 4 : 2;
   return static_cast<const uint8_t*>(p.cos_sin) + position * p.cos_sin_row_stride * bytes;

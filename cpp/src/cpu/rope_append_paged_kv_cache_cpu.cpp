@@ -61,7 +61,7 @@ void rope_append_rows(const RopeParams& p, int64_t begin, int64_t end) {
   const int64_t q_item = p.q_out_fp8 ? 1 : 2;
   uint16_t rotated[kRopeMaxHeadDim];
   for (int64_t row = begin; row < end; ++row) {
-    const void* table = rope_table_row(p, row);
+    const void* table = rope_table_row(p, p.rope_positions[row]);
     if (write_q) {
       for (int64_t head = 0; head < p.num_q_heads; ++head) {
         rotate_head(p, p.query.data + row * p.query.row_stride + head * p.query.head_stride, table, rotated);

@@ -1,6 +1,7 @@
 // Which kernel an aligned append call runs: chosen from the call's size, or forced by a test hook so
 // that one process can check every kernel mode's bytes (tests/test_cuda.py, tests/test_mla.py). Not a
-// user setting. The MLA latent append reads it too: "split" forces its row kernel, "pair" its chain kernel.
+// user setting. The MLA latent append reads it too: "split" forces its row kernel, "pair" its chain kernel; the
+// fused RoPE append: "oneshot" forces one CTA per row instead of CTAs of 128-thread chunks of a row.
 #pragma once
 
 #include <atomic>

@@ -1,10 +1,13 @@
 // CUDA kernel of the fused RoPE + NVFP4 append (docs/SPEC.md section 5; RopeParams in rope_params.h).
 //
-// One CTA per row (token). A head of D values is G = next_pow2(D / 16) lanes of one warp, lane u of the group
-// holding the head's 16-value unit u (8 packed 16-bit words: the NVFP4 block it becomes in the cache). The row's
-// heads are Q [0, Hq), K [Hq, Hq + Hkv), V [Hq + Hkv, Hq + 2 Hkv); thread t takes work items t, t + threads, ...
-// (item = head * G + unit), one item per thread for rows of up to 1024 / G heads, so that a decode row's work is
-// spread over as many threads as it has units.
+// A row (token) is split into work items: a head of D values is G = next_pow2(D / 16) lanes of one warp, lane u of
+// the group holding the head's 16-value unit u (8 packed 16-bit words: the NVFP4 block it becomes in the cache);
+// item = head * G + unit over the row's heads Q [0, Hq), K [Hq, Hq + Hkv), V [Hq + Hkv, Hq + 2 Hkv). CTA (row,
+// chunk) takes the items [chunk * span, (chunk + 1) * span), thread t items t, t + threads, ... of them. Two
+// shapes: chunks of 128 threads (one item per thread; only chunks holding K or V items follow the index chain),
+// or one CTA per row (span = all items, up to 1024 threads; the test hook's "oneshot", and rows of more than
+// 65535 chunks). On an H200 (2026-12-06, docs/PERFORMANCE.md section 10) the chunks were 0.4-0.5 us faster at
+// decode nnz <= 64 (0.2 us slower at 256) and 1.4x faster at prefill.
 //
 // A rotated value needs its pair partner (rope_rotation.h):
 //   GPT-J (2j, 2j + 1): the other half of the same packed word;
@@ -28,6 +31,7 @@
 #include "block_quantizer.cuh"
 #include "four_over_six_quantizer.cuh"
 #include "index_chain.cuh"
+#include "kernel_mode.h"
 #include "kernels.h"
 #include "programmatic_launch.cuh"
 
@@ -36,7 +40,10 @@ namespace {
 
 constexpr uint32_t kLanes = 32;
 constexpr uint32_t kMaxThreads = 1024;
-constexpr uint32_t kWordsPerUnit = 8;  // 16 values of 16 bits
+constexpr uint32_t kChunkThreads = 128;
+constexpr uint32_t kMaxChunks = 65535;  // gridDim.y
+constexpr uint32_t kWordsPerUnit = 8;   // 16 values of 16 bits
+constexpr int kTablePad = 4;            // zeros past R: a GPT-J quad ending past R reads up to sin column R / 2 + 1
 
 enum class Pairs { kGptJ, kNeoxAligned, kNeoxStaged };
 
@@ -48,14 +55,14 @@ struct RopeLaunch {
   int64_t placeable_rows;            // nnz, or 0 when no row can land (the index chain's clamps need non-empty tensors)
   uint32_t group_shift;              // log2(G): lanes per head
   uint32_t items;                    // heads * G
-  uint32_t iterations;               // ceil(items / threads): the same for every thread (shuffles need the warp)
+  uint32_t span;                     // items per CTA: items, or kChunkThreads
+  uint32_t iterations;               // ceil(span / threads): the same for every thread (shuffles need the warp)
   bool query16;                      // 16-byte loads / stores allowed (address and strides)
   bool key16;
   bool value16;
   bool q_out16;
   bool k_out16;
   bool cache_store8;  // 8-byte packed-data stores into both data caches
-  bool table_vector;  // 16-byte cos/sin loads: float32 rows and halves aligned, units wholly in or out of R
 };
 
 __device__ __forceinline__ void load_unit(const uint16_t* src, bool vector, uint32_t (&w)[kWordsPerUnit]) {
@@ -113,46 +120,39 @@ __device__ __forceinline__ float widen(uint32_t bits) {
   return rope::float_from_bits(uint16_t(bits), kBF16);
 }
 
-// cos and sin' (sin negated for a pair's first member) of values k0 .. k0 + 3 of the unit.
+// cos and sin' (sin negated for a pair's first member) of values k0 .. k0 + 3 of the unit, from the row's table
+// staged in shared memory as float32 (cos [0, R / 2), sin [R / 2, R), zeros up to R + kTablePad).
 struct Quad {
   float c[4];
   float s[4];
 };
 
 template <Pairs kPairs>
-__device__ __forceinline__ Quad table_quad(const RopeParams& p, const RopeLaunch& a, const void* row, uint32_t unit,
-                                           int k0) {
+__device__ __forceinline__ Quad table_quad(const RopeParams& p, const float* row, uint32_t unit, int k0) {
   Quad q;
-  const int64_t half = p.rotary_dim / 2;
-  const int64_t d0 = int64_t(unit) * 16 + k0;
-  if (a.table_vector && kPairs == Pairs::kNeoxAligned) {  // 4 consecutive columns, one sign for the unit
-    const bool first = int64_t(unit) * 16 < half;
-    const float* f = static_cast<const float*>(row) + (first ? d0 : d0 - half);
-    const float4 c = __ldg(reinterpret_cast<const float4*>(f));
-    const float4 s = __ldg(reinterpret_cast<const float4*>(f + half));
+  const int half = int(p.rotary_dim / 2);
+  const int d0 = int(unit) * 16 + k0;
+  if constexpr (kPairs == Pairs::kNeoxAligned) {  // 4 consecutive columns, one sign for the unit (wholly in R)
+    const bool first = int(unit) * 16 < half;
+    const float* f = row + (first ? d0 : d0 - half);
+    const float4 c = *reinterpret_cast<const float4*>(f);
+    const float4 s = *reinterpret_cast<const float4*>(f + half);
+    const float sign = first ? -1.0f : 1.0f;  // exact
     q.c[0] = c.x, q.c[1] = c.y, q.c[2] = c.z, q.c[3] = c.w;
-    q.s[0] = s.x, q.s[1] = s.y, q.s[2] = s.z, q.s[3] = s.w;
-    if (first) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) q.s[k] = -q.s[k];
-    }
-    return q;
-  }
-  if (a.table_vector && kPairs == Pairs::kGptJ) {  // columns d / 2: two, each for an (even, odd) pair
-    const float* f = static_cast<const float*>(row) + d0 / 2;
-    const float2 c = __ldg(reinterpret_cast<const float2*>(f));
-    const float2 s = __ldg(reinterpret_cast<const float2*>(f + half));
+    q.s[0] = sign * s.x, q.s[1] = sign * s.y, q.s[2] = sign * s.z, q.s[3] = sign * s.w;
+  } else if constexpr (kPairs == Pairs::kGptJ) {  // columns d / 2: two, each for an (even, odd) pair
+    const float2 c = *reinterpret_cast<const float2*>(row + d0 / 2);
+    const float2 s = make_float2(row[half + d0 / 2], row[half + d0 / 2 + 1]);  // half may be odd
     q.c[0] = q.c[1] = c.x, q.c[2] = q.c[3] = c.y;
     q.s[0] = -s.x, q.s[1] = s.x, q.s[2] = -s.y, q.s[3] = s.y;
-    return q;
-  }
+  } else {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int64_t d = d0 + k;
-    const int64_t j = d < p.rotary_dim ? rope::pair_index(d, half, p.neox) : 0;
-    q.c[k] = rope::table_value(row, j, p.cos_sin_type);
-    const float s = rope::table_value(row, half + j, p.cos_sin_type);
-    q.s[k] = rope::first_of_pair(d, half, p.neox) ? -s : s;
+    for (int k = 0; k < 4; ++k) {
+      const int d = d0 + k;
+      const int j = d < p.rotary_dim ? int(rope::pair_index(d, half, true)) : 0;
+      q.c[k] = row[j];
+      q.s[k] = rope::first_of_pair(d, half, true) ? -row[half + j] : row[half + j];
+    }
   }
   return q;
 }
@@ -160,14 +160,14 @@ __device__ __forceinline__ Quad table_quad(const RopeParams& p, const RopeLaunch
 // The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
 // `partner` (NeoX) or the other half of its own word (GPT-J).
 template <bool kBF16, Pairs kPairs>
-__device__ __forceinline__ void rotate_unit(const RopeParams& p, const RopeLaunch& a, const void* row, uint32_t unit,
+__device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* row, uint32_t unit,
                                             const uint32_t (&w)[kWordsPerUnit],
                                             const uint32_t (&partner)[kWordsPerUnit], uint32_t (&out)[kWordsPerUnit]) {
-  const int64_t rotated = p.rotary_dim - int64_t(unit) * 16;  // values of the unit below R (may exceed 16)
+  const int rotated = int(p.rotary_dim) - int(unit) * 16;  // values of the unit below R (may exceed 16)
 #pragma unroll
   for (int k0 = 0; k0 < 16; k0 += 4) {  // fully unrolled, no early exit: w and out stay in registers
     Quad q{};
-    if (k0 < rotated) q = table_quad<kPairs>(p, a, row, unit, k0);
+    if (k0 < rotated) q = table_quad<kPairs>(p, row, unit, k0);
 #pragma unroll
     for (int k = k0; k < k0 + 4; ++k) {
       const uint32_t bits = half_of(w, k);
@@ -273,20 +273,21 @@ __device__ __forceinline__ void load_item(const RopeParams& p, const RopeLaunch&
 
 // Q to q_out, or K to k_out and the cache, or V to the cache: one head's unit after its partner exchange.
 template <bool kBF16, Pairs kPairs>
-__device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const void* table, int64_t row,
-                                           const Head& h, uint32_t unit, const uint32_t (&w)[kWordsPerUnit],
-                                           const uint32_t (&partner)[kWordsPerUnit], const append_kernel::Target& t,
-                                           bool placed, float q_scale, float q_inverse) {
+__device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const float* table, bool in_table,
+                                           int64_t row, const Head& h, uint32_t unit,
+                                           const uint32_t (&w)[kWordsPerUnit], const uint32_t (&partner)[kWordsPerUnit],
+                                           const append_kernel::Target& t, bool placed, float q_scale,
+                                           float q_inverse) {
   const AppendParams& ap = p.append;
   uint32_t out[kWordsPerUnit];
-  if (table == nullptr) {
+  if (!in_table) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) out[k] = 0;  // outside the table: zero Q / k_out rows, nothing cached
   } else if (!h.is_q && !h.is_k) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) out[k] = w[k];
   } else {
-    rotate_unit<kBF16, kPairs>(p, a, table, unit, w, partner, out);
+    rotate_unit<kBF16, kPairs>(p, table, unit, w, partner, out);
   }
   if (h.is_q) {
     if (!p.q_out_fp8) {
@@ -335,6 +336,7 @@ template <bool kBF16, Pairs kPairs>
 __global__ void __launch_bounds__(kMaxThreads)
     rope_append_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
   extern __shared__ uint32_t staged[];  // kNeoxStaged: blockDim.x units
+  __shared__ __align__(16) float table[kRopeMaxHeadDim + kTablePad];
   const int64_t row = blockIdx.x;
   const uint32_t lane = threadIdx.x % kLanes;
   const uint32_t group = 1u << a.group_shift;
@@ -351,26 +353,40 @@ __global__ void __launch_bounds__(kMaxThreads)
   programmatic_launch::allow_next_kernel();
 
   // The loads that depend on no other go out first: the rope position, the row's level-1 index values, the
-  // first item's inputs; then the table row and the rest of the index chain (index_chain.cuh), whose page id
-  // only the K/V stores wait for.
+  // first item's inputs; then the rest of the index chain (index_chain.cuh), whose page id only the K/V stores
+  // wait for, and the table row, staged in shared memory for the whole CTA.
   const AppendParams& ap = p.append;
-  const void* table = rope_table_row(p, row);
-  const bool placeable = row < a.placeable_rows;
+  const int64_t position = p.rope_positions[row];
+  const uint32_t first_item = blockIdx.y * a.span;
+  const bool has_kv_items = first_item + a.span > (p.num_q_heads << a.group_shift);
+  const bool placeable = row < a.placeable_rows && has_kv_items;
   append_kernel::RowIndices indices{0, 0, 0, 0};
   if (placeable) indices = append_kernel::load_row_indices<void>(ap, a, row);
   const float q_scale = p.q_out_fp8 ? rope_q_scale(p) : 1.0f;
   const bool write_q = !p.q_out_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
+  uint32_t w[kWordsPerUnit] = {};
+  Head h = head_of(p, (first_item + threadIdx.x) >> a.group_shift);
+  bool active = first_item + threadIdx.x < a.items && has_unit && (!h.is_q || write_q);
+  if (active) load_item(p, a, row, h, unit, w);
   const float q_inverse = p.q_out_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
+  const bool in_table = position >= 0 && position < p.max_pos;
   append_kernel::Target target{0, 0, false};
-  const bool placed = placeable && table != nullptr;
+  const bool placed = placeable && in_table;
   if (placed) target = append_kernel::start_target<void, true>(ap, a, row, indices);
+  const void* source = rope_table_row(p, in_table ? position : 0);
+  for (int j = int(threadIdx.x); j < int(p.rotary_dim) + kTablePad; j += int(blockDim.x))
+    table[j] = in_table && j < p.rotary_dim ? rope::table_value(source, j, p.cos_sin_type) : 0.0f;
+  __syncthreads();
 
   for (uint32_t i = 0; i < a.iterations; ++i) {
-    const uint32_t item = threadIdx.x + i * blockDim.x;
-    const Head h = head_of(p, item >> a.group_shift);
-    const bool active = item < a.items && has_unit && (!h.is_q || write_q);
-    uint32_t w[kWordsPerUnit] = {};
-    if (active) load_item(p, a, row, h, unit, w);
+    if (i > 0) {
+      const uint32_t item = first_item + threadIdx.x + i * blockDim.x;
+      h = head_of(p, item >> a.group_shift);
+      active = item < a.items && has_unit && (!h.is_q || write_q);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) w[k] = 0;
+      if (active) load_item(p, a, row, h, unit, w);
+    }
     // Partner values (whole-warp operations: every lane takes part in every iteration).
     uint32_t partner[kWordsPerUnit] = {};
     if constexpr (kPairs == Pairs::kNeoxAligned) {
@@ -390,7 +406,8 @@ __global__ void __launch_bounds__(kMaxThreads)
         partner[k / 2] |= bits << (16 * (k % 2));
       }
     }
-    if (active) write_item<kBF16, kPairs>(p, a, table, row, h, unit, w, partner, target, placed, q_scale, q_inverse);
+    if (active)
+      write_item<kBF16, kPairs>(p, a, table, in_table, row, h, unit, w, partner, target, placed, q_scale, q_inverse);
   }
 }
 
@@ -407,7 +424,7 @@ bool aligned8(const CacheView& c) {
 template <bool kBF16>
 cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, uint32_t threads, cudaStream_t stream) {
   const bool programmatic = programmatic_launch::enabled_on_current_device();
-  const dim3 grid(uint32_t(p.rows)), block(threads);
+  const dim3 grid(uint32_t(p.rows), (a.items + a.span - 1) / a.span), block(threads);
   switch (pairs) {
     case Pairs::kGptJ:
       return programmatic_launch::launch_with_shared(rope_append_kernel<kBF16, Pairs::kGptJ>, grid, block, 0, stream,
@@ -448,8 +465,12 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
     return cudaErrorInvalidValue;
   }
   a.items = uint32_t(items);
-  const uint32_t threads = uint32_t(std::min<uint64_t>(kMaxThreads, (items + kLanes - 1) / kLanes * kLanes));
-  a.iterations = (a.items + threads - 1) / threads;
+  const bool chunked =
+      kernel_mode::forced() != kernel_mode::kForceOneShot && items <= uint64_t(kMaxChunks) * kChunkThreads;
+  const uint32_t threads =
+      uint32_t(std::min<uint64_t>(chunked ? kChunkThreads : kMaxThreads, (items + kLanes - 1) / kLanes * kLanes));
+  a.span = chunked ? threads : a.items;
+  a.iterations = (a.span + threads - 1) / threads;
   const int64_t q_out_item = p.q_out_fp8 ? 1 : 2;
   a.query16 = aligned16(p.query.data, p.query.row_stride, p.query.head_stride, 2);
   a.key16 = aligned16(p.append.key.data, p.append.key.row_stride, p.append.key.head_stride, 2);
@@ -458,8 +479,6 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
   a.k_out16 = p.k_out.data == nullptr || aligned16(p.k_out.data, p.k_out.row_stride, p.k_out.head_stride, 2);
   a.cache_store8 = aligned8(p.append.k_data) && aligned8(p.append.v_data);
   const int64_t half = p.rotary_dim / 2;
-  a.table_vector = p.cos_sin_type == rope::TableType::kFloat32 && reinterpret_cast<uintptr_t>(p.cos_sin) % 16 == 0 &&
-                   p.cos_sin_row_stride % 4 == 0 && (p.neox ? half % 16 == 0 : p.rotary_dim % 32 == 0);
   const Pairs pairs = !p.neox ? Pairs::kGptJ : half % 16 == 0 ? Pairs::kNeoxAligned : Pairs::kNeoxStaged;
   const auto s = static_cast<cudaStream_t>(stream);
   const cudaError_t error = p.append.input_is_bf16 ? launch_pairs<true>(p, a, pairs, threads, s)

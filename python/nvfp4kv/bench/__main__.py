@@ -43,7 +43,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--kernel-mode",
         default="auto",
         choices=["auto", "pair", "split", "oneshot"],
-        help="force one kernel (the tests' hook, for A/B runs; MLA: split = row kernel, pair = chain kernel)",
+        help="force one kernel (the tests' hook, for A/B runs; MLA: split = row kernel, pair = chain kernel; "
+        "fused RoPE: oneshot = one CTA per row)",
     )
     parser.add_argument(
         "--accuracy",
