@@ -151,10 +151,12 @@ def test_matches_reference(params, device):
 
 
 @pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
-@pytest.mark.parametrize("forced_kernel_mode", ["oneshot"], indirect=True)
+@pytest.mark.parametrize("forced_kernel_mode", ["oneshot", "pair"], indirect=True)
 @pytest.mark.parametrize("params", GRID, ids=[_grid_id(p) for p in GRID])
-def test_one_cta_per_row_cuda_kernel_matches_reference(params, forced_kernel_mode):
-    """The CUDA kernel's other shape (one CTA per row instead of 128-thread chunks) on the same grid."""
+def test_other_cuda_kernel_shapes_match_reference(params, forced_kernel_mode):
+    """The CUDA kernel's other shapes on the same grid (the grid's calls are small: the automatic choice is a
+    128-thread chunk of one row per CTA): one CTA per row ("oneshot"), and the prefill shape, chunks of four
+    rows staged in shared memory ("pair"; calls whose inputs are not 16-byte aligned keep one row per CTA)."""
     _assert_grid_case_matches(params, "cuda")
 
 

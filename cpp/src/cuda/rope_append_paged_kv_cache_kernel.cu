@@ -43,7 +43,13 @@ constexpr uint32_t kMaxThreads = 1024;
 constexpr uint32_t kChunkThreads = 128;
 constexpr uint32_t kMaxChunks = 65535;  // gridDim.y
 constexpr uint32_t kWordsPerUnit = 8;   // 16 values of 16 bits
-constexpr int kTablePad = 4;            // zeros past R: a GPT-J quad ending past R reads up to sin column R / 2 + 1
+constexpr int kRowsPerCta = 4;          // the prefill shape's rows per CTA (rope_append_rows_kernel)
+constexpr int64_t kRowsPerCtaMinRows = 1024;
+constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
+constexpr int kTablePad = 4;             // zeros past R: a GPT-J quad ending past R reads up to sin column R / 2 + 1
+
+// Floats per staged table row: R, then zeros (kTablePad), rounded up to 16 bytes for the float4 reads.
+__host__ __device__ inline int table_columns(int64_t rotary_dim) { return int(rotary_dim + kTablePad + 3) / 4 * 4; }
 
 enum class Pairs { kGptJ, kNeoxAligned, kNeoxStaged };
 
@@ -411,6 +417,109 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// 16 bytes from global to shared memory without a register (cp.async, sm_80+), cached in L1 like the plain loads.
+__device__ __forceinline__ void copy16_async(void* shared, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(uint32_t(__cvta_generic_to_shared(shared))),
+               "l"(global));
+}
+
+__device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+__device__ __forceinline__ const uint16_t* item_source(const RopeParams& p, int64_t row, const Head& h, uint32_t unit) {
+  const AppendParams& ap = p.append;
+  if (h.is_q) return p.query.data + row * p.query.row_stride + h.index * p.query.head_stride + unit * 16;
+  if (h.is_k) return ap.key.data + row * ap.key.row_stride + h.kv_head * ap.key.head_stride + unit * 16;
+  return ap.value.data + row * ap.value.row_stride + h.kv_head * ap.value.head_stride + unit * 16;
+}
+
+// Prefill shape: CTA (group of kRowsPerCta rows, 128-thread chunk) with 16-byte aligned inputs. Each thread's unit
+// of every row of the group goes to shared memory by cp.async (bytes in flight without registers held), the rows'
+// positions and table rows are loaded once for all of them, and thread r < kRowsPerCta follows row r's index
+// chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are read
+// from the staged units.
+template <bool kBF16, Pairs kPairs>
+__global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
+    rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
+  __shared__ __align__(16) uint32_t units[kRowsPerCta][kChunkThreads][kWordsPerUnit];
+  extern __shared__ __align__(16) float tables[];  // kRowsPerCta rows of table_columns(R)
+  __shared__ append_kernel::Target targets[kRowsPerCta];
+  const int64_t row0 = int64_t(blockIdx.x) * kRowsPerCta;
+  const uint32_t group = 1u << a.group_shift;
+  const uint32_t unit = threadIdx.x & (group - 1);
+  const uint32_t item = blockIdx.y * a.span + threadIdx.x;
+  const Head h = head_of(p, item >> a.group_shift);
+  const bool has_kv_items = (blockIdx.y + 1) * a.span > (p.num_q_heads << a.group_shift);
+  programmatic_launch::warm_parameter_cache(p, a);
+  programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
+  programmatic_launch::allow_next_kernel();
+
+  const AppendParams& ap = p.append;
+  const float q_scale = p.q_out_fp8 ? rope_q_scale(p) : 1.0f;
+  const bool write_q = !p.q_out_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
+  const bool active = item < a.items && unit < uint32_t(ap.head_dim / codec::kBlockSize) && (!h.is_q || write_q);
+  int64_t positions[kRowsPerCta];
+#pragma unroll
+  for (int r = 0; r < kRowsPerCta; ++r) {
+    const int64_t row = row0 + r;
+    positions[r] = row < p.rows ? p.rope_positions[row] : -1;
+    if (active && row < p.rows) {
+      const uint16_t* source = item_source(p, row, h, unit);
+      copy16_async(&units[r][threadIdx.x][0], source);
+      copy16_async(&units[r][threadIdx.x][4], source + 8);
+    }
+  }
+  if (threadIdx.x < kRowsPerCta) {  // row r's cache target, for every thread of the CTA (used if in the table)
+    const int64_t row = row0 + threadIdx.x;
+    append_kernel::Target t{0, 0, false};
+    if (has_kv_items && row < a.placeable_rows) {
+      const append_kernel::RowIndices indices = append_kernel::load_row_indices<void>(ap, a, row);
+      t = append_kernel::start_target<void, true>(ap, a, row, indices);
+      t.ok = append_kernel::finish_target(ap, t);
+    }
+    targets[threadIdx.x] = t;
+  }
+  const int columns = table_columns(p.rotary_dim);
+  uint32_t in_table_rows = 0;  // bit r: row r's position lies in the table
+#pragma unroll
+  for (int r = 0; r < kRowsPerCta; ++r) {
+    const bool in_table = positions[r] >= 0 && positions[r] < p.max_pos;
+    in_table_rows |= uint32_t(in_table) << r;
+    const void* source = rope_table_row(p, in_table ? positions[r] : 0);
+    for (int j = int(threadIdx.x); j < columns; j += int(blockDim.x))
+      tables[r * columns + j] = in_table && j < p.rotary_dim ? rope::table_value(source, j, p.cos_sin_type) : 0.0f;
+  }
+  const float q_inverse = p.q_out_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
+  wait_async_copies();
+  __syncthreads();
+  if (!active) return;
+
+  const int64_t half = p.rotary_dim / 2;
+  const uint32_t unit_shift = uint32_t(half / 16);
+  const uint32_t head_base = threadIdx.x - unit;
+  for (int r = 0; r < kRowsPerCta && row0 + r < p.rows; ++r) {
+    uint32_t w[kWordsPerUnit], partner[kWordsPerUnit] = {};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = units[r][threadIdx.x][k];
+    if constexpr (kPairs == Pairs::kNeoxAligned) {  // the partner unit u +- m / 16 of the same head
+      const uint32_t other = int64_t(unit) * 16 < half ? unit + unit_shift : unit - unit_shift;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) partner[k] = units[r][head_base + other][k];
+    } else if constexpr (kPairs == Pairs::kNeoxStaged) {
+      const uint16_t* values = reinterpret_cast<const uint16_t*>(&units[r][head_base][0]);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const int64_t d = int64_t(unit) * 16 + k;
+        const uint32_t bits = d < p.rotary_dim ? values[rope::partner_dim(d, half, true)] : 0u;
+        partner[k / 2] |= bits << (16 * (k % 2));
+      }
+    }
+    const bool in_table = (in_table_rows >> r) & 1u;
+    const append_kernel::Target t = targets[r];
+    write_item<kBF16, kPairs>(p, a, tables + r * columns, in_table, row0 + r, h, unit, w, partner, t, t.ok && in_table,
+                              q_scale, q_inverse);
+  }
+}
+
 bool aligned16(const void* pointer, int64_t row_stride, int64_t head_stride, int64_t item) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0 && (row_stride * item) % 16 == 0 &&
          (head_stride * item) % 16 == 0;
@@ -421,9 +530,26 @@ bool aligned8(const CacheView& c) {
          c.head_stride % 8 == 0;
 }
 
+template <bool kBF16, Pairs kPairs>
+cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& a, uint32_t threads, cudaStream_t stream,
+                        bool programmatic) {
+  const dim3 grid(uint32_t((p.rows + kRowsPerCta - 1) / kRowsPerCta), (a.items + a.span - 1) / a.span), block(threads);
+  const size_t table_bytes = kRowsPerCta * table_columns(p.rotary_dim) * sizeof(float);
+  return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs>, grid, block, table_bytes,
+                                                 stream, programmatic, p, a);
+}
+
 template <bool kBF16>
-cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, uint32_t threads, cudaStream_t stream) {
+cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, uint32_t threads, bool rows_per_cta,
+                         cudaStream_t stream) {
   const bool programmatic = programmatic_launch::enabled_on_current_device();
+  if (rows_per_cta) {
+    switch (pairs) {
+      case Pairs::kGptJ: return launch_rows<kBF16, Pairs::kGptJ>(p, a, threads, stream, programmatic);
+      case Pairs::kNeoxAligned: return launch_rows<kBF16, Pairs::kNeoxAligned>(p, a, threads, stream, programmatic);
+      default: return launch_rows<kBF16, Pairs::kNeoxStaged>(p, a, threads, stream, programmatic);
+    }
+  }
   const dim3 grid(uint32_t(p.rows), (a.items + a.span - 1) / a.span), block(threads);
   switch (pairs) {
     case Pairs::kGptJ:
@@ -480,9 +606,14 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
   a.cache_store8 = aligned8(p.append.k_data) && aligned8(p.append.v_data);
   const int64_t half = p.rotary_dim / 2;
   const Pairs pairs = !p.neox ? Pairs::kGptJ : half % 16 == 0 ? Pairs::kNeoxAligned : Pairs::kNeoxStaged;
+  // The prefill shape: chunks with 16-byte aligned inputs, from kRowsPerCtaMinRows rows on ("pair" forces it,
+  // "split" keeps one row per CTA).
+  const int forced = kernel_mode::forced();
+  const bool rows_per_cta = chunked && a.query16 && a.key16 && a.value16 && forced != kernel_mode::kForceSplit &&
+                            (forced == kernel_mode::kForcePair || p.rows >= kRowsPerCtaMinRows);
   const auto s = static_cast<cudaStream_t>(stream);
-  const cudaError_t error = p.append.input_is_bf16 ? launch_pairs<true>(p, a, pairs, threads, s)
-                                                   : launch_pairs<false>(p, a, pairs, threads, s);
+  const cudaError_t error = p.append.input_is_bf16 ? launch_pairs<true>(p, a, pairs, threads, rows_per_cta, s)
+                                                   : launch_pairs<false>(p, a, pairs, threads, rows_per_cta, s);
   if (error != cudaSuccess) *error_string = cudaGetErrorString(error);
   return int(error);
 }
