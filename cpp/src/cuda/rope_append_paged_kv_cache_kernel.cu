@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "../rope_params.h"
 #include "block_quantizer.cuh"
@@ -126,7 +127,8 @@ __device__ __forceinline__ float widen(uint32_t bits) {
   return rope::float_from_bits(uint16_t(bits), kBF16);
 }
 
-// cos and sin' (sin negated for a pair's first member) of values k0 .. k0 + 3 of the unit, from the row's table
+// cos and sin' (sin negated for a pair's first member; NeoX aligned: sin, the sign being the whole unit's and
+// put on its partner values by rotate_unit) of values k0 .. k0 + 3 of the unit, from the row's table
 // staged in shared memory as float32 (cos [0, R / 2), sin [R / 2, R), zeros up to R + kTablePad).
 struct Quad {
   float c[4];
@@ -138,14 +140,13 @@ __device__ __forceinline__ Quad table_quad(const RopeParams& p, const float* row
   Quad q;
   const int half = int(p.rotary_dim / 2);
   const int d0 = int(unit) * 16 + k0;
-  if constexpr (kPairs == Pairs::kNeoxAligned) {  // 4 consecutive columns, one sign for the unit (wholly in R)
+  if constexpr (kPairs == Pairs::kNeoxAligned) {  // 4 consecutive columns; the unit's sign goes on the partner
     const bool first = int(unit) * 16 < half;
     const float* f = row + (first ? d0 : d0 - half);
     const float4 c = *reinterpret_cast<const float4*>(f);
     const float4 s = *reinterpret_cast<const float4*>(f + half);
-    const float sign = first ? -1.0f : 1.0f;  // exact
     q.c[0] = c.x, q.c[1] = c.y, q.c[2] = c.z, q.c[3] = c.w;
-    q.s[0] = sign * s.x, q.s[1] = sign * s.y, q.s[2] = sign * s.z, q.s[3] = sign * s.w;
+    q.s[0] = s.x, q.s[1] = s.y, q.s[2] = s.z, q.s[3] = s.w;
   } else if constexpr (kPairs == Pairs::kGptJ) {  // columns d / 2: two, each for an (even, odd) pair
     const float2 c = *reinterpret_cast<const float2*>(row + d0 / 2);
     const float2 s = make_float2(row[half + d0 / 2], row[half + d0 / 2 + 1]);  // half may be odd
@@ -163,13 +164,74 @@ __device__ __forceinline__ Quad table_quad(const RopeParams& p, const float* row
   return q;
 }
 
+// Two fp32 values rounded like round16 (NaN aside) and packed, lo in the low half: one hardware conversion.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t round16x2(float lo, float hi) {
+  uint32_t bits;
+  if constexpr (kBF16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&bits, &v, sizeof(bits));
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&bits, &v, sizeof(bits));
+  }
+  return bits;
+}
+
+// Bit 15 / 31 set where the low / high half of a packed pair is a NaN: its magnitude lies above infinity (bf16
+// 0x7F80, fp16 0x7C00), so adding 0x7F / 0x3FF carries into the sign bit (and never across halves).
+template <bool kBF16>
+__device__ __forceinline__ uint32_t nan_halves(uint32_t w) {
+  constexpr uint32_t below_infinity = kBF16 ? 0x007F007Fu : 0x03FF03FFu;
+  return ((w & 0x7FFF7FFFu) + below_infinity) & 0x80008000u;
+}
+
 // The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
-// `partner` (NeoX) or the other half of its own word (GPT-J).
+// `partner` (NeoX) or the other half of its own word (GPT-J). A unit wholly below R (the common case) rounds two
+// values per conversion and canonicalises NaNs (rope_rotation.h) only when one of the 16 is one.
 template <bool kBF16, Pairs kPairs>
 __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* row, uint32_t unit,
                                             const uint32_t (&w)[kWordsPerUnit],
                                             const uint32_t (&partner)[kWordsPerUnit], uint32_t (&out)[kWordsPerUnit]) {
   const int rotated = int(p.rotary_dim) - int(unit) * 16;  // values of the unit below R (may exceed 16)
+  uint32_t other[kWordsPerUnit];  // NeoX aligned: the partner values, negated for a first member (x (-s) == (-x) s)
+  if constexpr (kPairs == Pairs::kNeoxAligned) {
+    const uint32_t flip = int(unit) * 16 < int(p.rotary_dim / 2) ? 0x80008000u : 0u;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) other[k] = partner[k] ^ flip;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) other[k] = partner[k];
+  }
+  if (rotated >= 16) {
+    uint32_t nans = 0;
+#pragma unroll
+    for (int k0 = 0; k0 < 16; k0 += 4) {
+      const Quad q = table_quad<kPairs>(p, row, unit, k0);
+#pragma unroll
+      for (int k = k0; k < k0 + 4; k += 2) {
+        float turned[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int kk = k + j;
+          const uint32_t x_bits = kPairs == Pairs::kGptJ ? half_of(w, kk ^ 1) : half_of(other, kk);
+          const float v = widen<kBF16>(half_of(w, kk)), x = widen<kBF16>(x_bits);
+          turned[j] = __fadd_rn(__fmul_rn(v, q.c[kk - k0]), __fmul_rn(x, q.s[kk - k0]));
+        }
+        out[k / 2] = round16x2<kBF16>(turned[0], turned[1]);
+        nans |= nan_halves<kBF16>(out[k / 2]);
+      }
+    }
+    if (nans != 0) {
+      constexpr uint32_t canonical = kBF16 ? rope::kBF16NaN : rope::kFP16NaN;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t halves = (nan_halves<kBF16>(out[k]) >> 15) * 0xFFFFu;  // 0xFFFF per NaN half
+        out[k] = (out[k] & ~halves) | ((canonical | canonical << 16) & halves);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int k0 = 0; k0 < 16; k0 += 4) {  // fully unrolled, no early exit: w and out stay in registers
     Quad q{};
@@ -177,8 +239,8 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* ro
 #pragma unroll
     for (int k = k0; k < k0 + 4; ++k) {
       const uint32_t bits = half_of(w, k);
-      const uint32_t other = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : half_of(partner, k);
-      const float v = widen<kBF16>(bits), x = widen<kBF16>(other);
+      const uint32_t x_bits = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : half_of(other, k);
+      const float v = widen<kBF16>(bits), x = widen<kBF16>(x_bits);
       const uint32_t turned = round16<kBF16>(__fadd_rn(__fmul_rn(v, q.c[k - k0]), __fmul_rn(x, q.s[k - k0])));
       const uint32_t result = k < rotated ? turned : bits;  // beyond R: a bit copy
       if (k % 2 == 0) {
