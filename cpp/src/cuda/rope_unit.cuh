@@ -1,0 +1,393 @@
+// Per-unit device work of the fused RoPE + NVFP4 append kernels (rope_append_paged_kv_cache_kernel.cu): a
+// 16-value unit of one head of one row loaded, rotated, and written as Q out, k_out and NVFP4 cache blocks.
+//
+//
+// A rotated value needs its pair partner (rope_rotation.h):
+//   GPT-J (2j, 2j + 1): the other half of the same packed word;
+//   NeoX (j, j + m), m % 16 == 0: the whole unit u +- m / 16 of the same head, by 8 warp shuffles;
+//   NeoX otherwise (partial rotary such as R = 20): the warp's units staged in shared memory, read per value.
+// Each rotated value is v c + w s' with s' = -s for the pair's first member (x c - y s == x c + y (-s) exactly),
+// rounded to 16 bits by the hardware conversion (NaN replaced by rope::kBF16NaN / kFP16NaN). In the rows kernel
+// the partner values are read from the staged units instead of shuffled. FP8 Q divides by
+// q_scale through a reciprocal computed once and one correction (block_quantizer.cuh's scale_quotient, the IEEE
+// quotient), and rounds as the scale bytes do. For placed rows (row < nnz, position in the table, a target that
+// passes the bounds contract of append_params.h) the rotated K and the plain V are quantized (block_quantizer.cuh;
+// four_over_six_quantizer.cuh for scale_search "4over6") into the cache.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "../rope_params.h"
+#include "block_quantizer.cuh"
+#include "four_over_six_quantizer.cuh"
+#include "index_chain.cuh"
+
+namespace nvfp4kv {
+namespace rope_unit {
+
+constexpr uint32_t kWordsPerUnit = 8;  // 16 values of 16 bits
+constexpr int kTablePad = 4;           // zeros past R: a GPT-J quad ending past R reads up to sin column R / 2 + 1
+
+// Floats per staged table row: R, then zeros (kTablePad), rounded up to 16 bytes for the float4 reads.
+__host__ __device__ inline int table_columns(int64_t rotary_dim) { return int(rotary_dim + kTablePad + 3) / 4 * 4; }
+
+enum class Pairs { kGptJ, kNeoxAligned, kNeoxStaged };
+
+// Per-call choices made on the host. page_size, quotient_limit and speculate_batch are what index_chain.cuh reads.
+struct RopeLaunch {
+  append_kernel::Divisor page_size;  // position or slot -> page, for values below quotient_limit
+  uint64_t quotient_limit;           // 2^31, or 0 when page_size >= 2^31 (then always a 64-bit division)
+  bool speculate_batch;              // nnz == batch_size (decode): kv_indptr[row], [row + 1] loaded early
+  int64_t placeable_rows;            // nnz, or 0 when no row can land (the index chain's clamps need non-empty tensors)
+  uint32_t group_shift;              // log2(G): lanes per head
+  uint32_t items;                    // heads * G
+  uint32_t span;                     // items per CTA: items, or kChunkThreads
+  uint32_t iterations;               // ceil(span / threads): the same for every thread (shuffles need the warp)
+  bool query16;                      // 16-byte loads / stores allowed (address and strides)
+  bool key16;
+  bool value16;
+  bool q_out16;
+  bool k_out16;
+  bool cache_store8;  // 8-byte packed-data stores into both data caches
+};
+
+__device__ __forceinline__ void load_unit(const uint16_t* src, bool vector, uint32_t (&w)[kWordsPerUnit]) {
+  if (vector) {
+    const uint4 lo = __ldg(reinterpret_cast<const uint4*>(src));
+    const uint4 hi = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = uint32_t(__ldg(src + 2 * i)) | uint32_t(__ldg(src + 2 * i + 1)) << 16;
+}
+
+// Not __ldg: q_out may be the query itself (rotated in place), so its lines must not be read as read-only.
+__device__ __forceinline__ void load_unit_plain(const uint16_t* src, bool vector, uint32_t (&w)[kWordsPerUnit]) {
+  if (vector) {
+    const uint4 lo = reinterpret_cast<const uint4*>(src)[0];
+    const uint4 hi = reinterpret_cast<const uint4*>(src)[1];
+    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = uint32_t(src[2 * i]) | uint32_t(src[2 * i + 1]) << 16;
+}
+
+__device__ __forceinline__ void store_unit16(uint16_t* dst, bool vector, const uint32_t (&w)[kWordsPerUnit]) {
+  if (vector) {
+    reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) dst[2 * i] = uint16_t(w[i]), dst[2 * i + 1] = uint16_t(w[i] >> 16);
+}
+
+__device__ __forceinline__ uint16_t half_of(const uint32_t (&w)[kWordsPerUnit], int k) {
+  return uint16_t(w[k / 2] >> (16 * (k % 2)));
+}
+
+// fp32 -> the input's 16-bit type, nearest even (overflow -> inf), a NaN as rope_rotation.h's quiet NaN: the
+// hardware conversion, which rope::bits_from_float mirrors on the host.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t round16(float f) {
+  if constexpr (kBF16) {
+    const uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    return codec::is_nan(f) ? rope::kBF16NaN : bits;
+  } else {
+    const uint16_t bits = __half_as_ushort(__float2half_rn(f));
+    return codec::is_nan(f) ? rope::kFP16NaN : bits;
+  }
+}
+
+template <bool kBF16>
+__device__ __forceinline__ float widen(uint32_t bits) {
+  return rope::float_from_bits(uint16_t(bits), kBF16);
+}
+
+// cos and sin' (sin negated for a pair's first member; NeoX aligned: sin, the sign being the whole unit's and
+// put on its partner values by rotate_unit) of values k0 .. k0 + 3 of the unit, from the row's table
+// staged in shared memory as float32 (cos [0, R / 2), sin [R / 2, R), zeros up to R + kTablePad).
+struct Quad {
+  float c[4];
+  float s[4];
+};
+
+template <Pairs kPairs>
+__device__ __forceinline__ Quad table_quad(const RopeParams& p, const float* row, uint32_t unit, int k0) {
+  Quad q;
+  const int half = int(p.rotary_dim / 2);
+  const int d0 = int(unit) * 16 + k0;
+  if constexpr (kPairs == Pairs::kNeoxAligned) {  // 4 consecutive columns; the unit's sign goes on the partner
+    const bool first = int(unit) * 16 < half;
+    const float* f = row + (first ? d0 : d0 - half);
+    const float4 c = *reinterpret_cast<const float4*>(f);
+    const float4 s = *reinterpret_cast<const float4*>(f + half);
+    q.c[0] = c.x, q.c[1] = c.y, q.c[2] = c.z, q.c[3] = c.w;
+    q.s[0] = s.x, q.s[1] = s.y, q.s[2] = s.z, q.s[3] = s.w;
+  } else if constexpr (kPairs == Pairs::kGptJ) {  // columns d / 2: two, each for an (even, odd) pair
+    const float2 c = *reinterpret_cast<const float2*>(row + d0 / 2);
+    const float2 s = make_float2(row[half + d0 / 2], row[half + d0 / 2 + 1]);  // half may be odd
+    q.c[0] = q.c[1] = c.x, q.c[2] = q.c[3] = c.y;
+    q.s[0] = -s.x, q.s[1] = s.x, q.s[2] = -s.y, q.s[3] = s.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int d = d0 + k;
+      const int j = d < p.rotary_dim ? int(rope::pair_index(d, half, true)) : 0;
+      q.c[k] = row[j];
+      q.s[k] = rope::first_of_pair(d, half, true) ? -row[half + j] : row[half + j];
+    }
+  }
+  return q;
+}
+
+// Two fp32 values rounded like round16 (NaN aside) and packed, lo in the low half: one hardware conversion.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t round16x2(float lo, float hi) {
+  uint32_t bits;
+  if constexpr (kBF16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&bits, &v, sizeof(bits));
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&bits, &v, sizeof(bits));
+  }
+  return bits;
+}
+
+// Bit 15 / 31 set where the low / high half of a packed pair is a NaN: its magnitude lies above infinity (bf16
+// 0x7F80, fp16 0x7C00), so adding 0x7F / 0x3FF carries into the sign bit (and never across halves).
+template <bool kBF16>
+__device__ __forceinline__ uint32_t nan_halves(uint32_t w) {
+  constexpr uint32_t below_infinity = kBF16 ? 0x007F007Fu : 0x03FF03FFu;
+  return ((w & 0x7FFF7FFFu) + below_infinity) & 0x80008000u;
+}
+
+// The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
+// `partner` (NeoX) or the other half of its own word (GPT-J). A unit wholly below R (the common case) rounds two
+// values per conversion and canonicalises NaNs (rope_rotation.h) only when one of the 16 is one.
+template <bool kBF16, Pairs kPairs>
+__device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* row, uint32_t unit,
+                                            const uint32_t (&w)[kWordsPerUnit],
+                                            const uint32_t (&partner)[kWordsPerUnit], uint32_t (&out)[kWordsPerUnit]) {
+  const int rotated = int(p.rotary_dim) - int(unit) * 16;  // values of the unit below R (may exceed 16)
+  uint32_t other[kWordsPerUnit];  // NeoX aligned: the partner values, negated for a first member (x (-s) == (-x) s)
+  if constexpr (kPairs == Pairs::kNeoxAligned) {
+    const uint32_t flip = int(unit) * 16 < int(p.rotary_dim / 2) ? 0x80008000u : 0u;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) other[k] = partner[k] ^ flip;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) other[k] = partner[k];
+  }
+  if (rotated >= 16) {
+    uint32_t nans = 0;
+#pragma unroll
+    for (int k0 = 0; k0 < 16; k0 += 4) {
+      const Quad q = table_quad<kPairs>(p, row, unit, k0);
+#pragma unroll
+      for (int k = k0; k < k0 + 4; k += 2) {
+        float turned[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int kk = k + j;
+          const uint32_t x_bits = kPairs == Pairs::kGptJ ? half_of(w, kk ^ 1) : half_of(other, kk);
+          const float v = widen<kBF16>(half_of(w, kk)), x = widen<kBF16>(x_bits);
+          turned[j] = __fadd_rn(__fmul_rn(v, q.c[kk - k0]), __fmul_rn(x, q.s[kk - k0]));
+        }
+        out[k / 2] = round16x2<kBF16>(turned[0], turned[1]);
+        nans |= nan_halves<kBF16>(out[k / 2]);
+      }
+    }
+    if (nans != 0) {
+      constexpr uint32_t canonical = kBF16 ? rope::kBF16NaN : rope::kFP16NaN;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t halves = (nan_halves<kBF16>(out[k]) >> 15) * 0xFFFFu;  // 0xFFFF per NaN half
+        out[k] = (out[k] & ~halves) | ((canonical | canonical << 16) & halves);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int k0 = 0; k0 < 16; k0 += 4) {  // fully unrolled, no early exit: w and out stay in registers
+    Quad q{};
+    if (k0 < rotated) q = table_quad<kPairs>(p, row, unit, k0);
+#pragma unroll
+    for (int k = k0; k < k0 + 4; ++k) {
+      const uint32_t bits = half_of(w, k);
+      const uint32_t x_bits = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : half_of(other, k);
+      const float v = widen<kBF16>(bits), x = widen<kBF16>(x_bits);
+      const uint32_t turned = round16<kBF16>(__fadd_rn(__fmul_rn(v, q.c[k - k0]), __fmul_rn(x, q.s[k - k0])));
+      const uint32_t result = k < rotated ? turned : bits;  // beyond R: a bit copy
+      if (k % 2 == 0) {
+        out[k / 2] = result;
+      } else {
+        out[k / 2] |= result << 16;
+      }
+    }
+  }
+}
+
+// The E4M3 byte of x / q_scale (SPEC section 4's rounding): the quotient through the hoisted reciprocal
+// (scale_quotient: the IEEE quotient, dividing when q_scale is outside the reciprocal's range), rounded like a
+// scale byte (saturating at 448, so inf too), the sign of x, NaN -> 0x7F.
+__device__ __forceinline__ uint32_t q_byte(float x, float q_scale, float inverse) {
+  if (codec::is_nan(x)) return codec::kE4M3NaN;
+  const uint32_t sign = (__float_as_uint(x) >> 24) & 0x80u;
+  return sign | block_quantizer::scale_byte(block_quantizer::scale_quotient(fabsf(x), q_scale, inverse));
+}
+
+struct Block {
+  uint2 data;
+  uint32_t sf;
+};
+
+// The optional 4-over-6 recipe, out of line: its registers do not weigh on the plain recipe's path.
+template <bool kBF16>
+__device__ __noinline__ Block quantize_unit_four_over_six(uint4 lo, uint4 hi, float s) {
+  Block b;
+  if (!block_quantizer::four_over_six_fast_scale(s)) {
+    b.sf = block_quantizer::quantize_block_four_over_six<kBF16>(lo, hi, s, b.data);
+    return b;
+  }
+  const uint32_t w[kWordsPerUnit] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  b.sf = block_quantizer::quantize_block_four_over_six_fast<kBF16, false>(
+      w, s, codec::kE2M1MaxValue * s, codec::kFourOverSixTarget * s, 0.0f, 0.0f, nullptr, nullptr, b.data);
+  return b;
+}
+
+// The NVFP4 block of one unit with the call's recipe.
+template <bool kBF16>
+__device__ __forceinline__ Block quantize_unit(const RopeParams& p, const uint32_t (&w)[kWordsPerUnit], float s,
+                                               float inverse) {
+  if (p.append.four_over_six) {
+    return quantize_unit_four_over_six<kBF16>(make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7]),
+                                              s);
+  }
+  const float six_s = codec::kE2M1MaxValue * s;  // SPEC step 3: 6 * s rounded first
+  const float* no_table[1] = {nullptr};
+  Block b;
+  uint8_t sf;
+  block_quantizer::quantize_blocks<kBF16, 1, false>(w, &s, &six_s, &inverse, no_table, &b.data, &sf);
+  b.sf = sf;
+  return b;
+}
+
+__device__ __forceinline__ void store_block(const RopeLaunch& a, const CacheView& data_view, const CacheView& scales,
+                                            bool trtllm, int64_t page, int64_t entry, int64_t head, uint32_t unit,
+                                            int64_t blocks, uint8_t sf, uint2 data) {
+  uint8_t* dst = data_view.at(page, entry, head) + unit * codec::kBlockBytes;
+  if (a.cache_store8) {
+    *reinterpret_cast<uint2*>(dst) = data;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dst[k] = uint8_t(data.x >> (8 * k)), dst[4 + k] = uint8_t(data.y >> (8 * k));
+  }
+  *scale_address(scales, trtllm, page, entry, head, unit, blocks) = sf;
+}
+
+// Where a work item's head lies.
+struct Head {
+  uint32_t index;   // in [0, Hq + 2 Hkv)
+  int64_t kv_head;  // K / V: the head in key / value and the cache
+  bool is_q;
+  bool is_k;
+};
+
+__device__ __forceinline__ Head head_of(const RopeParams& p, uint32_t index) {
+  Head h;
+  h.index = index;
+  h.is_q = index < p.num_q_heads;
+  h.is_k = !h.is_q && index < p.num_q_heads + p.append.num_heads;
+  h.kv_head = h.is_q ? 0 : (h.is_k ? index - p.num_q_heads : index - p.num_q_heads - p.append.num_heads);
+  return h;
+}
+
+// The first of the unit's 16 input values.
+__device__ __forceinline__ const uint16_t* item_source(const RopeParams& p, int64_t row, const Head& h, uint32_t unit) {
+  const AppendParams& ap = p.append;
+  if (h.is_q) return p.query.data + row * p.query.row_stride + h.index * p.query.head_stride + unit * 16;
+  if (h.is_k) return ap.key.data + row * ap.key.row_stride + h.kv_head * ap.key.head_stride + unit * 16;
+  return ap.value.data + row * ap.value.row_stride + h.kv_head * ap.value.head_stride + unit * 16;
+}
+
+__device__ __forceinline__ void load_item(const RopeParams& p, const RopeLaunch& a, int64_t row, const Head& h,
+                                          uint32_t unit, uint32_t (&w)[kWordsPerUnit]) {
+  const uint16_t* source = item_source(p, row, h, unit);
+  if (h.is_q) {
+    load_unit_plain(source, a.query16, w);
+  } else {
+    load_unit(source, h.is_k ? a.key16 : a.value16, w);
+  }
+}
+
+// Q to q_out, or K to k_out and the cache, or V to the cache: one head's unit after its partner exchange.
+template <bool kBF16, Pairs kPairs>
+__device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const float* table, bool in_table,
+                                           int64_t row, const Head& h, uint32_t unit,
+                                           const uint32_t (&w)[kWordsPerUnit], const uint32_t (&partner)[kWordsPerUnit],
+                                           const append_kernel::Target& t, bool placed, float q_scale,
+                                           float q_inverse) {
+  const AppendParams& ap = p.append;
+  uint32_t out[kWordsPerUnit];
+  if (!in_table) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = 0;  // outside the table: zero Q / k_out rows, nothing cached
+  } else if (!h.is_q && !h.is_k) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = w[k];
+  } else {
+    rotate_unit<kBF16, kPairs>(p, table, unit, w, partner, out);
+  }
+  if (h.is_q) {
+    if (!p.q_out_fp8) {
+      store_unit16(
+          static_cast<uint16_t*>(p.q_out.data) + row * p.q_out.row_stride + h.index * p.q_out.head_stride + unit * 16,
+          a.q_out16, out);
+      return;
+    }
+    uint32_t bytes[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      bytes[k] = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        bytes[k] |= q_byte(widen<kBF16>(half_of(out, 4 * k + b)), q_scale, q_inverse) << (8 * b);
+    }
+    uint8_t* dst =
+        static_cast<uint8_t*>(p.q_out.data) + row * p.q_out.row_stride + h.index * p.q_out.head_stride + unit * 16;
+    if (a.q_out16) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) dst[k] = uint8_t(bytes[k / 4] >> (8 * (k % 4)));
+    }
+    return;
+  }
+  if (h.is_k && p.k_out.data != nullptr) {
+    store_unit16(
+        static_cast<uint16_t*>(p.k_out.data) + row * p.k_out.row_stride + h.kv_head * p.k_out.head_stride + unit * 16,
+        a.k_out16, out);
+  }
+  if (!placed || !append_kernel::finish_target(ap, t)) return;
+  const float s = global_scale(ap, !h.is_k);
+  if (!usable_global_scale(s)) return;  // a bad device scale leaves those rows untouched
+  const Block b = quantize_unit<kBF16>(p, out, s, block_quantizer::division_inverse(codec::kE2M1MaxValue * s));
+  const int64_t units = ap.head_dim / codec::kBlockSize;
+  if (h.is_k) {
+    store_block(a, ap.k_data, ap.k_scales, false, t.page, t.entry, h.kv_head, unit, units, uint8_t(b.sf), b.data);
+  } else {
+    store_block(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, t.page, t.entry, h.kv_head, unit, units, uint8_t(b.sf),
+                b.data);
+  }
+}
+
+}  // namespace rope_unit
+}  // namespace nvfp4kv
