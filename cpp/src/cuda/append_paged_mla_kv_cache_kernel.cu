@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "../mla_params.h"
+#include "block_io.cuh"
 #include "block_quantizer.cuh"
 #include "index_chain.cuh"
 #include "kernel_mode.h"
@@ -85,13 +86,10 @@ __device__ __forceinline__ uint32_t kpe_pair_out(const MlaParams& p, uint32_t pa
 __device__ __forceinline__ void load_block(const uint16_t* row, int64_t block, bool vector, uint32_t (&w)[8]) {
   const uint16_t* src = row + block * codec::kBlockSize;
   if (vector) {
-    const uint4 lo = __ldg(reinterpret_cast<const uint4*>(src));
-    const uint4 hi = __ldg(reinterpret_cast<const uint4*>(src) + 1);
-    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
-    return;
+    append_kernel::load_values<1, true>(src, w);
+  } else {
+    append_kernel::load_values<1, false>(src, w);
   }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) w[i] = uint32_t(__ldg(src + 2 * i)) | uint32_t(__ldg(src + 2 * i + 1)) << 16;
 }
 
 // The ckv global scale's quantities: s, 6 s (SPEC step 3: rounded first) and division_inverse(6 s).

@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "../rope_params.h"
+#include "block_io.cuh"
 #include "block_quantizer.cuh"
 #include "four_over_six_quantizer.cuh"
 #include "index_chain.cuh"
@@ -57,13 +58,10 @@ struct RopeLaunch {
 
 __device__ __forceinline__ void load_unit(const uint16_t* src, bool vector, uint32_t (&w)[kWordsPerUnit]) {
   if (vector) {
-    const uint4 lo = __ldg(reinterpret_cast<const uint4*>(src));
-    const uint4 hi = __ldg(reinterpret_cast<const uint4*>(src) + 1);
-    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
-    return;
+    append_kernel::load_values<1, true>(src, w);
+  } else {
+    append_kernel::load_values<1, false>(src, w);
   }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) w[i] = uint32_t(__ldg(src + 2 * i)) | uint32_t(__ldg(src + 2 * i + 1)) << 16;
 }
 
 // Not __ldg: q_out may be the query itself (rotated in place), so its lines must not be read as read-only.
