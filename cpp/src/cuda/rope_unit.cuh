@@ -29,6 +29,7 @@
 
 namespace nvfp4kv {
 namespace rope_unit {
+namespace {  // one includer (the kernel file): internal linkage, the code generation of a single file
 
 constexpr uint32_t kWordsPerUnit = 8;  // 16 values of 16 bits
 constexpr int kTablePad = 4;           // zeros past R: a GPT-J quad ending past R reads up to sin column R / 2 + 1
@@ -318,11 +319,12 @@ __device__ __forceinline__ const uint16_t* item_source(const RopeParams& p, int6
 
 __device__ __forceinline__ void load_item(const RopeParams& p, const RopeLaunch& a, int64_t row, const Head& h,
                                           uint32_t unit, uint32_t (&w)[kWordsPerUnit]) {
-  const uint16_t* source = item_source(p, row, h, unit);
   if (h.is_q) {
-    load_unit_plain(source, a.query16, w);
+    load_unit_plain(item_source(p, row, h, unit), a.query16, w);
+  } else if (h.is_k) {
+    load_unit(item_source(p, row, h, unit), a.key16, w);
   } else {
-    load_unit(source, h.is_k ? a.key16 : a.value16, w);
+    load_unit(item_source(p, row, h, unit), a.value16, w);
   }
 }
 
@@ -387,5 +389,6 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
   }
 }
 
+}  // namespace
 }  // namespace rope_unit
 }  // namespace nvfp4kv
