@@ -1,18 +1,18 @@
 // Per-unit device work of the fused RoPE + NVFP4 append kernels (rope_append_paged_kv_cache_kernel.cu): a
 // 16-value unit of one head of one row loaded, rotated, and written as Q out, k_out and NVFP4 cache blocks.
 //
-//
 // A rotated value needs its pair partner (rope_rotation.h):
 //   GPT-J (2j, 2j + 1): the other half of the same packed word;
-//   NeoX (j, j + m), m % 16 == 0: the whole unit u +- m / 16 of the same head, by 8 warp shuffles;
-//   NeoX otherwise (partial rotary such as R = 20): the warp's units staged in shared memory, read per value.
+//   NeoX (j, j + m), m % 16 == 0: the whole unit u +- m / 16 of the same head (shuffled, or read from the units
+//     a kernel staged in shared memory);
+//   NeoX otherwise (partial rotary such as R = 20): the head's units staged in shared memory, read per value.
 // Each rotated value is v c + w s' with s' = -s for the pair's first member (x c - y s == x c + y (-s) exactly),
-// rounded to 16 bits by the hardware conversion (NaN replaced by rope::kBF16NaN / kFP16NaN). In the rows kernel
-// the partner values are read from the staged units instead of shuffled. FP8 Q divides by
-// q_scale through a reciprocal computed once and one correction (block_quantizer.cuh's scale_quotient, the IEEE
-// quotient), and rounds as the scale bytes do. For placed rows (row < nnz, position in the table, a target that
-// passes the bounds contract of append_params.h) the rotated K and the plain V are quantized (block_quantizer.cuh;
-// four_over_six_quantizer.cuh for scale_search "4over6") into the cache.
+// rounded to 16 bits by the hardware conversion, two values per conversion where the whole unit is rotated (NaN
+// replaced by rope::kBF16NaN / kFP16NaN). FP8 Q divides by q_scale through a reciprocal computed once and one
+// correction (block_quantizer.cuh's scale_quotient, the IEEE quotient), and rounds as the scale bytes do. For
+// placed rows (row < nnz, position in the table, a target that passes the bounds contract of append_params.h)
+// the rotated K and the plain V are quantized (block_quantizer.cuh; four_over_six_quantizer.cuh for
+// scale_search "4over6") into the cache.
 #pragma once
 
 #include <cuda_bf16.h>
