@@ -104,13 +104,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int k = 0; k < 8; ++k) mine[k] = w[k];
       __syncwarp();
-      const uint16_t* values = reinterpret_cast<const uint16_t*>(staged + (threadIdx.x - unit) * kWordsPerUnit);
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        const int64_t d = int64_t(unit) * 16 + k;
-        const uint32_t bits = d < p.rotary_dim ? values[rope::partner_dim(d, half, true)] : 0u;
-        partner[k / 2] |= bits << (16 * (k % 2));
-      }
+      staged_partner(p, half, reinterpret_cast<const uint16_t*>(staged + (threadIdx.x - unit) * kWordsPerUnit), unit,
+                     partner);
     }
     if (active)
       write_item<kBF16, kPairs>(p, a, table, in_table, row, h, unit, w, partner, target, placed, q_scale, q_inverse);
@@ -198,13 +193,7 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
 #pragma unroll
       for (int k = 0; k < 8; ++k) partner[k] = units[r][head_base + other][k];
     } else if constexpr (kPairs == Pairs::kNeoxStaged) {
-      const uint16_t* values = reinterpret_cast<const uint16_t*>(&units[r][head_base][0]);
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        const int64_t d = int64_t(unit) * 16 + k;
-        const uint32_t bits = d < p.rotary_dim ? values[rope::partner_dim(d, half, true)] : 0u;
-        partner[k / 2] |= bits << (16 * (k % 2));
-      }
+      staged_partner(p, half, reinterpret_cast<const uint16_t*>(&units[r][head_base][0]), unit, partner);
     }
     const bool in_table = (in_table_rows >> r) & 1u;
     const append_kernel::Target t = targets[r];

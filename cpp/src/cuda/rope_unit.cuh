@@ -168,6 +168,18 @@ __device__ __forceinline__ uint32_t nan_halves(uint32_t w) {
   return ((w & 0x7FFF7FFFu) + below_infinity) & 0x80008000u;
 }
 
+// NeoX partial rotary (R / 2 not a multiple of 16): the partner of each of the unit's values, read from the head's
+// values staged contiguously in shared memory (`head`: its first value; half = R / 2); 0 past R.
+__device__ __forceinline__ void staged_partner(const RopeParams& p, int64_t half, const uint16_t* head, uint32_t unit,
+                                               uint32_t (&partner)[kWordsPerUnit]) {
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int64_t d = int64_t(unit) * 16 + k;
+    const uint32_t bits = d < p.rotary_dim ? head[rope::partner_dim(d, half, true)] : 0u;
+    partner[k / 2] |= bits << (16 * (k % 2));
+  }
+}
+
 // The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
 // `partner` (NeoX) or the other half of its own word (GPT-J). A unit wholly below R (the common case) rounds two
 // values per conversion and canonicalises NaNs (rope_rotation.h) only when one of the 16 is one.
