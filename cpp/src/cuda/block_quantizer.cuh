@@ -138,6 +138,31 @@ __device__ __forceinline__ float scale_quotient(float absmax, float six_s, float
   return scale_quotient_hoisted(absmax, six_s, inverse);
 }
 
+// SPEC section 4's E4M3(x / s): the quotient |x| / s through the hoisted reciprocal (scale_quotient:
+// the IEEE quotient; inverse = division_inverse(s), 0 divides), rounded like a scale byte (saturating at
+// 448, so inf too), the sign of x (-0.0 -> 0x80), NaN -> 0x7F.
+__device__ __forceinline__ uint32_t quotient_byte(float x, float s, float inverse) {
+  if (codec::is_nan(x)) return codec::kE4M3NaN;
+  const uint32_t sign = (__float_as_uint(x) >> 24) & 0x80u;
+  return sign | scale_byte(scale_quotient(fabsf(x), s, inverse));
+}
+
+// quotient_byte of two values as two bytes (x0 low), one hardware conversion for both on sm_89+.
+__device__ __forceinline__ uint32_t quotient_bytes2(float x0, float x1, float s, float inverse) {
+#if __CUDA_ARCH__ >= 890
+  const float t0 = fminf(scale_quotient(fabsf(x0), s, inverse), codec::kE4M3MaxValue);
+  const float t1 = fminf(scale_quotient(fabsf(x1), s, inverse), codec::kE4M3MaxValue);
+  uint16_t pair;  // the first operand goes to the high byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(t1), "f"(t0));
+  uint32_t bytes = pair | ((__float_as_uint(x0) >> 24) & 0x80u) | ((__float_as_uint(x1) >> 16) & 0x8000u);
+  if (codec::is_nan(x0)) bytes = (bytes & 0xFF00u) | codec::kE4M3NaN;
+  if (codec::is_nan(x1)) bytes = (bytes & 0x00FFu) | uint32_t(codec::kE4M3NaN) << 8;
+  return bytes;
+#else
+  return quotient_byte(x0, s, inverse) | quotient_byte(x1, s, inverse) << 8;
+#endif
+}
+
 struct Scale {
   float r;       // 1 / (sf * s), or 0 (SPEC step 5)
   uint8_t byte;  // E4M3 scale byte

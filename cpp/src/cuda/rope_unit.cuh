@@ -8,11 +8,11 @@
 //   NeoX otherwise (partial rotary such as R = 20): the head's units staged in shared memory, read per value.
 // Each rotated value is v c + w s' with s' = -s for the pair's first member (x c - y s == x c + y (-s) exactly),
 // rounded to 16 bits by the hardware conversion, two values per conversion where the whole unit is rotated (NaN
-// replaced by rope::kBF16NaN / kFP16NaN). FP8 Q divides by q_scale through a reciprocal computed once and one
-// correction (block_quantizer.cuh's scale_quotient, the IEEE quotient), and rounds as the scale bytes do. For
-// placed rows (row < nnz, position in the table, a target that passes the bounds contract of append_params.h)
-// the rotated K and the plain V are quantized (block_quantizer.cuh; four_over_six_quantizer.cuh for
-// scale_search "4over6") into the cache.
+// replaced by rope::kBF16NaN / kFP16NaN). FP8 Q bytes are block_quantizer.cuh's quotient bytes (the IEEE quotient
+// by q_scale through a reciprocal computed once and one correction, rounded as the scale bytes are, two values
+// per conversion). For placed rows (row < nnz, position in the table, a target that passes the bounds contract
+// of append_params.h) the rotated K and the plain V are quantized (block_quantizer.cuh; four_over_six_quantizer.cuh
+// for scale_search "4over6") into the cache.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -246,15 +246,6 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* ro
   }
 }
 
-// The E4M3 byte of x / q_scale (SPEC section 4's rounding): the quotient through the hoisted reciprocal
-// (scale_quotient: the IEEE quotient, dividing when q_scale is outside the reciprocal's range), rounded like a
-// scale byte (saturating at 448, so inf too), the sign of x, NaN -> 0x7F.
-__device__ __forceinline__ uint32_t q_byte(float x, float q_scale, float inverse) {
-  if (codec::is_nan(x)) return codec::kE4M3NaN;
-  const uint32_t sign = (__float_as_uint(x) >> 24) & 0x80u;
-  return sign | block_quantizer::scale_byte(block_quantizer::scale_quotient(fabsf(x), q_scale, inverse));
-}
-
 struct Block {
   uint2 data;
   uint32_t sf;
@@ -365,13 +356,16 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
           a.q_out16, out);
       return;
     }
-    uint32_t bytes[4];
+    uint32_t bytes[4];  // values 4k .. 4k + 3 in bytes[k], two per conversion
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      bytes[k] = 0;
+      uint32_t pairs[2];
 #pragma unroll
-      for (int b = 0; b < 4; ++b)
-        bytes[k] |= q_byte(widen<kBF16>(half_of(out, 4 * k + b)), q_scale, q_inverse) << (8 * b);
+      for (int j = 0; j < 2; ++j) {
+        pairs[j] = block_quantizer::quotient_bytes2(widen<kBF16>(half_of(out, 4 * k + 2 * j)),
+                                                    widen<kBF16>(half_of(out, 4 * k + 2 * j + 1)), q_scale, q_inverse);
+      }
+      bytes[k] = pairs[0] | pairs[1] << 16;
     }
     uint8_t* dst =
         static_cast<uint8_t*>(p.q_out.data) + row * p.q_out.row_stride + h.index * p.q_out.head_stride + unit * 16;
