@@ -1,10 +1,10 @@
 // CUDA kernels of the MLA latent appends (SPEC section 4). A warp quantizes a latent row: lane l owns
 // the row's ckv blocks l, l + 32, ... (NVFP4, block_quantizer.cuh; one block per lane for C = 512) and
-// its kpe values 2l, 2l + 1, 2l + 64, ... (E4M3 of one IEEE division each, or a bit copy into a 16-bit
-// cache), so that every lane of a warp does the same work and a warp's loads and stores are contiguous.
-// The lane's first block and kpe pair ("first" below; for C = 512 and R = 64 all its inputs) depend on
-// no index, so they are loaded, and quantized, while the row's target is resolved; the rest of a wider
-// row follows once the target is known.
+// its kpe values 2l, 2l + 1, 2l + 64, ... (block_quantizer's quotient bytes: E4M3 of the IEEE quotient
+// through a reciprocal computed once; or a bit copy into a 16-bit cache), so that every lane of a warp
+// does the same work and a warp's loads and stores are contiguous. The lane's first block and kpe pair
+// ("first" below; for C = 512 and R = 64 all its inputs) depend on no index, so they are loaded while the
+// row's target is resolved; the rest of a wider row follows once the target is known.
 //
 //   row kernel (calls of at most kRowKernelMaxRows rows: decode): one row per warp, CTAs of 4 warps so
 //     that a small call spreads over many SMs. Before the programmatic wait it computes the addresses of
@@ -12,8 +12,10 @@
 //     lane's inputs, the row's level-1 index loads and the device scales go out together; the chain
 //     (index_chain.cuh) runs up to the page id's load, and the quantizing runs while that is in flight.
 //   chain kernel (larger calls: prefill): CTAs of 32 rows and 9 warps. Warp 0 resolves the 32 rows'
-//     targets, one per lane, and publishes them through a named barrier; warps 1-8 load the inputs of
-//     4 rows each at once (4 rows' loads in flight per lane), quantize them, then wait for the targets.
+//     targets, one per lane, into byte offsets of each row's parts in the caches, and publishes them
+//     through a named barrier; warps 1-8 load the inputs of 4 rows each at once (4 rows' loads in flight
+//     per lane), quantize them (the block reciprocals from a table of the ckv scale that the CTA fills),
+//     then wait for the offsets and store.
 //
 // Every index load is clamped into its tensor and a row whose target fails the bounds contract of
 // append_params.h is skipped (index_chain.cuh). Launched with programmatic dependent launch on sm_90+.
@@ -67,19 +69,19 @@ __device__ __forceinline__ float value_of(uint32_t bits) {
   return kBF16 ? codec::bf16_bits_to_float(uint16_t(bits)) : codec::fp16_bits_to_float(uint16_t(bits));
 }
 
-// The E4M3 byte of one kpe value: y = x / s (IEEE), the magnitude rounded as a scale byte (the hardware
-// conversion on sm_89+, checked against the codec for every non-negative fp32), the sign of y, NaN 0x7F.
-__device__ __forceinline__ uint32_t kpe_code(float x, float s) {
-  const float y = __fdiv_rn(x, s);
-  if (codec::is_nan(y)) return codec::kE4M3NaN;
-  return ((__float_as_uint(y) >> 24) & 0x80u) | block_quantizer::scale_byte(fabsf(y));
-}
+// kpe_scale and division_inverse(kpe_scale): the kpe bytes are block_quantizer's quotient bytes.
+struct KpeScale {
+  float s;
+  float inverse;
+};
+
+__device__ __forceinline__ KpeScale kpe_scale_of(float s) { return {s, block_quantizer::division_inverse(s)}; }
 
 // A kpe value pair (low half = even element) as written: two E4M3 bytes, or the pair itself (copy).
 template <bool kBF16>
-__device__ __forceinline__ uint32_t kpe_pair_out(const MlaParams& p, uint32_t pair, float s) {
+__device__ __forceinline__ uint32_t kpe_pair_out(const MlaParams& p, uint32_t pair, const KpeScale& k) {
   if (!p.kpe_is_fp8) return pair;
-  return kpe_code(value_of<kBF16>(pair & 0xFFFFu), s) | kpe_code(value_of<kBF16>(pair >> 16), s) << 8;
+  return block_quantizer::quotient_bytes2(value_of<kBF16>(pair & 0xFFFFu), value_of<kBF16>(pair >> 16), k.s, k.inverse);
 }
 
 // The 16 values of ckv block `block` of a row as packed words (low half = even element).
@@ -109,11 +111,12 @@ struct Block {
   uint8_t sf;
 };
 
-template <bool kBF16>
-__device__ __forceinline__ Block quantize_block(const uint32_t (&w)[8], const CkvScale& g) {
-  const float* no_table[1] = {nullptr};
+// kTable: the reciprocal from the CTA's table of the ckv scale (block_quantizer::reciprocal_entry), else computed.
+template <bool kBF16, bool kTable>
+__device__ __forceinline__ Block quantize_block(const uint32_t (&w)[8], const CkvScale& g, const float* reciprocal) {
+  const float* table[1] = {reciprocal};
   Block b;
-  block_quantizer::quantize_blocks<kBF16, 1, false>(w, &g.s, &g.six_s, &g.inverse, no_table, &b.packed, &b.sf);
+  block_quantizer::quantize_blocks<kBF16, 1, kTable>(w, &g.s, &g.six_s, &g.inverse, table, &b.packed, &b.sf);
   return b;
 }
 
@@ -143,23 +146,37 @@ __device__ __forceinline__ bool kpe_writable(const MlaParams& p, float kpe_scale
   return !p.kpe_is_fp8 || usable_global_scale(kpe_scale);
 }
 
-// Where the lane's first inputs are (no global memory read: computable before the programmatic wait).
-struct LaneSources {
-  const uint16_t* ckv;  // the row's ckv values
-  const uint32_t* kpe;  // the lane's first kpe pair
+// Where a row's parts go: byte offsets into the three caches and which parts are written (none when the
+// row is skipped by the bounds contract; not a part whose device scale is unusable). Offsets, not
+// pointers, so that the stores stay global-memory stores when these pass through shared memory.
+struct RowOutputs {
+  int64_t ckv_data;
+  int64_t ckv_scales;
+  int64_t kpe;
+  bool write_ckv;
+  bool write_kpe;
 };
 
-__device__ __forceinline__ LaneSources lane_sources(const MlaParams& p, int64_t row, uint32_t lane) {
-  return {p.ckv.data + row * p.ckv.row_stride,
-          reinterpret_cast<const uint32_t*>(p.kpe.data + row * p.kpe.row_stride + 2 * lane)};
+__device__ __forceinline__ RowOutputs row_outputs(const MlaParams& p, const Target& t, float ckv_scale,
+                                                  float kpe_scale) {
+  RowOutputs o{};
+  if (!append_kernel::finish_target(p, t)) return o;
+  o.ckv_data = t.page * p.ckv_data.page_stride + t.entry * p.ckv_data.entry_stride;
+  o.ckv_scales = t.page * p.ckv_scales.page_stride + t.entry * p.ckv_scales.entry_stride;
+  o.kpe = t.page * p.kpe_cache.page_stride + t.entry * p.kpe_cache.entry_stride;
+  o.write_ckv = usable_global_scale(ckv_scale);
+  o.write_kpe = kpe_writable(p, kpe_scale);
+  return o;
 }
 
-__device__ __forceinline__ bool has_first_block(const MlaParams& p, uint32_t lane) {
-  return lane < p.ckv_dim / codec::kBlockSize;
-}
+// Which of the lane's first inputs exist (the row kernel and the chain kernel's warps hoist these).
+struct LaneShare {
+  bool block;  // ckv block `lane`
+  bool pair;   // kpe values 2 lane, 2 lane + 1, read as a pair
+};
 
-__device__ __forceinline__ bool has_first_pair(const MlaParams& p, const MlaLaunch& a, uint32_t lane) {
-  return a.kpe_pairs && 2 * lane < p.kpe_dim;
+__device__ __forceinline__ LaneShare lane_share(const MlaParams& p, const MlaLaunch& a, uint32_t lane) {
+  return {lane < p.ckv_dim / codec::kBlockSize, a.kpe_pairs && 2 * lane < p.kpe_dim};
 }
 
 struct LaneInputs {
@@ -167,11 +184,12 @@ struct LaneInputs {
   uint32_t kpe_pair;
 };
 
-__device__ __forceinline__ LaneInputs load_first(const MlaParams& p, const MlaLaunch& a, const LaneSources& src,
-                                                 uint32_t lane) {
+// The lane's first inputs of the row whose ckv and kpe values start at `ckv` and `kpe`.
+__device__ __forceinline__ LaneInputs load_first(const MlaLaunch& a, const uint16_t* ckv, const uint16_t* kpe,
+                                                 uint32_t lane, const LaneShare& share) {
   LaneInputs in{};
-  if (has_first_block(p, lane)) load_block(src.ckv, lane, a.ckv_load16, in.w);
-  if (has_first_pair(p, a, lane)) in.kpe_pair = __ldg(src.kpe);
+  if (share.block) load_block(ckv, lane, a.ckv_load16, in.w);
+  if (share.pair) in.kpe_pair = __ldg(reinterpret_cast<const uint32_t*>(kpe + 2 * lane));
   return in;
 }
 
@@ -180,43 +198,42 @@ struct LaneOutputs {
   uint32_t kpe;  // kpe_pair_out of the first pair
 };
 
-template <bool kBF16>
+template <bool kBF16, bool kTable>
 __device__ __forceinline__ LaneOutputs quantize_first(const MlaParams& p, const LaneInputs& in, const CkvScale& g,
-                                                      float kpe_scale) {
-  return {quantize_block<kBF16>(in.w, g), kpe_pair_out<kBF16>(p, in.kpe_pair, kpe_scale)};
+                                                      const float* reciprocal, const KpeScale& k) {
+  return {quantize_block<kBF16, kTable>(in.w, g, reciprocal), kpe_pair_out<kBF16>(p, in.kpe_pair, k)};
 }
 
-// Everything of the lane's part of a row whose target is (page, entry): the first outputs, then the
-// blocks and kpe values beyond them (C > 512, R > 64, or kpe values that are not read as pairs).
-template <bool kBF16>
+// The lane's part of row `row` written to `o`: the first outputs, then the blocks and kpe values beyond
+// them (C > 512, R > 64, or kpe values that are not read as pairs), loaded here.
+template <bool kBF16, bool kTable>
 __device__ __forceinline__ void store_row(const MlaParams& p, const MlaLaunch& a, int64_t row, uint32_t lane,
-                                          const Target& t, const LaneOutputs& out, const CkvScale& g, float kpe_scale) {
-  if (usable_global_scale(g.s)) {  // a bad device scale leaves the row's ckv untouched
-    uint8_t* data = p.ckv_data.at(t.page, t.entry);
-    uint8_t* scales = p.ckv_scales.at(t.page, t.entry);
-    if (has_first_block(p, lane)) store_block(a, data, scales, lane, out.block);
-    const uint16_t* src = p.ckv.data + row * p.ckv.row_stride;
+                                          const LaneShare& share, const RowOutputs& o, const LaneOutputs& out,
+                                          const CkvScale& g, const float* reciprocal, const KpeScale& k) {
+  if (o.write_ckv) {
+    uint8_t* data = p.ckv_data.data + o.ckv_data;
+    uint8_t* scales = p.ckv_scales.data + o.ckv_scales;
+    if (share.block) store_block(a, data, scales, lane, out.block);
     for (int64_t block = lane + kLanes; block < p.ckv_dim / codec::kBlockSize; block += kLanes) {
       uint32_t w[8];
-      load_block(src, block, a.ckv_load16, w);
-      store_block(a, data, scales, block, quantize_block<kBF16>(w, g));
+      load_block(p.ckv.data + row * p.ckv.row_stride, block, a.ckv_load16, w);
+      store_block(a, data, scales, block, quantize_block<kBF16, kTable>(w, g, reciprocal));
     }
   }
-  if (!kpe_writable(p, kpe_scale)) return;
-  uint8_t* dst = p.kpe_cache.at(t.page, t.entry);
-  const uint16_t* src = p.kpe.data + row * p.kpe.row_stride;
+  if (!o.write_kpe) return;
+  uint8_t* dst = p.kpe_cache.data + o.kpe;
   if (a.kpe_pairs) {  // kpe_dim even, pairs aligned for 4-byte loads and the stores
-    if (has_first_pair(p, a, lane)) store_kpe_pair(p, dst, 2 * lane, out.kpe);
+    if (share.pair) store_kpe_pair(p, dst, 2 * lane, out.kpe);
     for (int64_t j = 2 * (lane + kLanes); j < p.kpe_dim; j += 2 * kLanes) {
-      const uint32_t pair = __ldg(reinterpret_cast<const uint32_t*>(src + j));
-      store_kpe_pair(p, dst, j, kpe_pair_out<kBF16>(p, pair, kpe_scale));
+      const uint32_t pair = __ldg(reinterpret_cast<const uint32_t*>(p.kpe.data + row * p.kpe.row_stride + j));
+      store_kpe_pair(p, dst, j, kpe_pair_out<kBF16>(p, pair, k));
     }
     return;
   }
   for (int64_t j = lane; j < p.kpe_dim; j += kLanes) {
-    const uint16_t bits = __ldg(src + j);
+    const uint16_t bits = __ldg(p.kpe.data + row * p.kpe.row_stride + j);
     if (p.kpe_is_fp8) {
-      dst[j] = uint8_t(kpe_code(value_of<kBF16>(bits), kpe_scale));
+      dst[j] = uint8_t(block_quantizer::quotient_byte(value_of<kBF16>(bits), k.s, k.inverse));
     } else {
       reinterpret_cast<uint16_t*>(dst)[j] = bits;
     }
@@ -229,62 +246,89 @@ __global__ void __launch_bounds__(kRowKernelWarps* kLanes)
   const int64_t row = int64_t(blockIdx.x) * kRowKernelWarps + threadIdx.x / kLanes;
   const uint32_t lane = threadIdx.x % kLanes;
   // Addresses and the by-value scale's reciprocal before the wait, so that loads follow it at once.
-  LaneSources src = lane_sources(p, row, lane);
+  const uint16_t* ckv = p.ckv.data + row * p.ckv.row_stride;
+  const uint16_t* kpe = p.kpe.data + row * p.kpe.row_stride;
+  const LaneShare share = lane_share(p, a, lane);
   RowIndexAddresses<Index> indices = append_kernel::row_index_addresses<Index>(p, a, row);
   CkvScale g = ckv_scale_of(p.ckv_scale);
-  compute_here(src.ckv, src.kpe, indices.b, indices.position, indices.first, indices.last, g.six_s, g.inverse);
+  compute_here(ckv, kpe, indices.b, indices.position, indices.first, indices.last, g.six_s, g.inverse);
   programmatic_launch::warm_parameter_cache(p, a);
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
   if (row >= p.nnz) return;
-  const LaneInputs in = load_first(p, a, src, lane);
+  const LaneInputs in = load_first(a, ckv, kpe, lane, share);
   const RowIndices r = append_kernel::load_row_indices<Index>(p, a, row, indices);
-  const float kpe_scale = mla_kpe_scale(p);
+  const KpeScale k = kpe_scale_of(mla_kpe_scale(p));
   const float device_ckv_scale = p.ckv_scale_device ? *p.ckv_scale_device : 0.0f;
   const Target t = append_kernel::start_target<Index, true>(p, a, row, r);
   if (p.ckv_scale_device) g = ckv_scale_of(device_ckv_scale);  // after the chain's loads: it waits for the scale
-  const LaneOutputs out = quantize_first<kBF16>(p, in, g, kpe_scale);  // while the page id is in flight
-  if (!append_kernel::finish_target(p, t)) return;
-  store_row<kBF16>(p, a, row, lane, t, out, g, kpe_scale);
+  const LaneOutputs out = quantize_first<kBF16, false>(p, in, g, nullptr, k);  // while the page id is in flight
+  store_row<kBF16, false>(p, a, row, lane, share, row_outputs(p, t, g.s, k.s), out, g, nullptr, k);
+}
+
+// Named barriers of the chain kernel (0 is __syncthreads'): the targets published, the reciprocal table filled.
+constexpr uint32_t kTargetsReady = 1;
+constexpr uint32_t kTableReady = 2;
+
+template <uint32_t kId, uint32_t kThreads>
+__device__ __forceinline__ void barrier_sync() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
+template <uint32_t kId, uint32_t kThreads>
+__device__ __forceinline__ void barrier_arrive() {
+  asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
 template <bool kBF16, typename Index>
 __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
     append_mla_chain_kernel(const __grid_constant__ MlaParams p, const __grid_constant__ MlaLaunch a) {
-  __shared__ Target targets[kChainRows];
+  __shared__ RowOutputs outputs[kChainRows];
+  __shared__ float reciprocal[block_quantizer::kReciprocalTableSize];
   const int64_t cta_row = int64_t(blockIdx.x) * kChainRows;
   const uint32_t warp = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
   if (warp == 0) {
     const int64_t row = cta_row + lane;
-    Target t{0, 0, false};
+    RowOutputs o{};
     if (row < p.nnz) {
-      t = append_kernel::start_target<Index, true>(p, a, row, append_kernel::load_row_indices<Index>(p, a, row));
+      const Target t =
+          append_kernel::start_target<Index, true>(p, a, row, append_kernel::load_row_indices<Index>(p, a, row));
+      o = row_outputs(p, t, mla_ckv_scale(p), mla_kpe_scale(p));
     }
-    targets[lane] = t;
-    __syncwarp();
-    asm volatile("bar.arrive 1, %0;" ::"n"(kChainKernelThreads) : "memory");  // targets published
+    outputs[lane] = o;
+    barrier_arrive<kTargetsReady, kChainKernelThreads>();
     return;
   }
   const uint32_t first = (warp - 1) * kRowsPerWarp;  // the warp's rows: cta_row + first + k
+  const int64_t row0 = cta_row + first;
+  const LaneShare share = lane_share(p, a, lane);
   LaneInputs in[kRowsPerWarp] = {};
 #pragma unroll
   for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
-    const int64_t row = cta_row + first + k;
-    if (row < p.nnz) in[k] = load_first(p, a, lane_sources(p, row, lane), lane);
+    if (row0 + k < p.nnz) {
+      in[k] = load_first(a, p.ckv.data + (row0 + k) * p.ckv.row_stride, p.kpe.data + (row0 + k) * p.kpe.row_stride,
+                         lane, share);
+    }
   }
   const CkvScale g = ckv_scale_of(mla_ckv_scale(p));
-  const float kpe_scale = mla_kpe_scale(p);
+  const KpeScale kpe = kpe_scale_of(mla_kpe_scale(p));
+  // The ckv scale's reciprocal table, one entry per thread of the first four quantizing warps.
+  const uint32_t entry = threadIdx.x - kLanes;
+  if (entry < block_quantizer::kReciprocalTableSize) {
+    reciprocal[entry] = block_quantizer::reciprocal_entry(uint8_t(entry), g.s);
+  }
+  barrier_sync<kTableReady, kQuantizingWarps * kLanes>();
   LaneOutputs out[kRowsPerWarp];
 #pragma unroll
-  for (uint32_t k = 0; k < kRowsPerWarp; ++k) out[k] = quantize_first<kBF16>(p, in[k], g, kpe_scale);
-  asm volatile("bar.sync 1, %0;" ::"n"(kChainKernelThreads) : "memory");  // wait for the targets
+  for (uint32_t k = 0; k < kRowsPerWarp; ++k) out[k] = quantize_first<kBF16, true>(p, in[k], g, reciprocal, kpe);
+  barrier_sync<kTargetsReady, kChainKernelThreads>();
 #pragma unroll
   for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
-    const int64_t row = cta_row + first + k;
-    const Target t = targets[first + k];
-    if (row < p.nnz && append_kernel::finish_target(p, t)) store_row<kBF16>(p, a, row, lane, t, out[k], g, kpe_scale);
+    if (row0 + k < p.nnz) {
+      store_row<kBF16, true>(p, a, row0 + k, lane, share, outputs[first + k], out[k], g, reciprocal, kpe);
+    }
   }
 }
 
