@@ -43,7 +43,8 @@ def assert_mla_matches(case: MlaCase, device: str, slot_mapping: bool = False, w
     return ours
 
 
-GEOMETRIES = [(512, 64, 64), (512, 64, 16), (64, 16, 8), (32, 24, 4), (16, 1, 1)]  # (C, R, page_size)
+# (C, R, page_size); the last two give a lane more than one ckv block and kpe pair (C > 512, R > 64)
+GEOMETRIES = [(512, 64, 64), (512, 64, 16), (64, 16, 8), (32, 24, 4), (16, 1, 1), (528, 66, 8), (1024, 128, 16)]
 
 
 @pytest.mark.parametrize("ckv_dim,kpe_dim,page_size", GEOMETRIES)
