@@ -17,9 +17,10 @@ struct LatentCacheView {
   int64_t page_stride;
   int64_t entry_stride;
 
-  NVFP4KV_HOST_DEVICE uint8_t* at(int64_t page, int64_t entry) const {
-    return data + page * page_stride + entry * entry_stride;
+  NVFP4KV_HOST_DEVICE int64_t offset(int64_t page, int64_t entry) const {
+    return page * page_stride + entry * entry_stride;
   }
+  NVFP4KV_HOST_DEVICE uint8_t* at(int64_t page, int64_t entry) const { return data + offset(page, entry); }
 };
 
 // Latent rows to append: [nnz, width] fp16 or bf16, last dim contiguous.

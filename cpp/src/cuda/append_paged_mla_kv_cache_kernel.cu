@@ -161,9 +161,9 @@ __device__ __forceinline__ RowOutputs row_outputs(const MlaParams& p, const Targ
                                                   float kpe_scale) {
   RowOutputs o{};
   if (!append_kernel::finish_target(p, t)) return o;
-  o.ckv_data = t.page * p.ckv_data.page_stride + t.entry * p.ckv_data.entry_stride;
-  o.ckv_scales = t.page * p.ckv_scales.page_stride + t.entry * p.ckv_scales.entry_stride;
-  o.kpe = t.page * p.kpe_cache.page_stride + t.entry * p.kpe_cache.entry_stride;
+  o.ckv_data = p.ckv_data.offset(t.page, t.entry);
+  o.ckv_scales = p.ckv_scales.offset(t.page, t.entry);
+  o.kpe = p.kpe_cache.offset(t.page, t.entry);
   o.write_ckv = usable_global_scale(ckv_scale);
   o.write_kpe = kpe_writable(p, kpe_scale);
   return o;
