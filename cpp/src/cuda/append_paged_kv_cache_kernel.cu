@@ -54,6 +54,7 @@
 #include "kernel_mode.h"
 #include "kernels.h"
 #include "launch_args.cuh"
+#include "named_barrier.cuh"
 #include "programmatic_launch.cuh"
 #include "schedule_hint.cuh"
 
@@ -377,6 +378,7 @@ __global__ void __launch_bounds__(kThreads, !kVector       ? 1
 // quantizes nothing and the CTA takes 224 items, so the CTA no longer waits for a warp 0 that
 // started quantizing late; otherwise warp 0 quantizes its own items after publishing the targets.
 constexpr uint32_t kMinItemsPerRowForSharedChain = 9;  // rows per CTA <= 255 / 9 + 2 = 30
+constexpr uint32_t kTargetsReady = 1;                  // the named barrier of the published targets
 
 template <bool kBF16, int kBlocks, typename Index, bool kFourOverSix>
 __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
@@ -413,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
   if (chain_warp) {
     if (threadIdx.x < rows) targets[threadIdx.x] = start_target<Index, false>(p, a, chain_row, r);
     __syncwarp();
-    asm volatile("bar.arrive 1, %0;" ::"n"(kThreads) : "memory");  // targets published
+    named_barrier_arrive<kTargetsReady, kThreads>();
   }
   Quantized<2 * kBlocks> q;
   if constexpr (kFourOverSix) {
@@ -424,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, 4)  // 64 registers
     q = quantize_item<kBF16, kBlocks, false, false, true>(item_scales<false>(p, it), it, w, reciprocal, inverses,
                                                           scaled);
   }
-  if (!chain_warp) asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // wait for the targets
+  if (!chain_warp) named_barrier_sync<kTargetsReady, kThreads>();
   if (active) {
     const Target& target = targets[it.row - a.row_begin - first_row];
     store_item<true, kBlocks, false>(p, a, it, q, target, item_destination<false, true>(p, it, target));

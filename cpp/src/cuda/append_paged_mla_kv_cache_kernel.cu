@@ -32,6 +32,7 @@
 #include "kernel_mode.h"
 #include "kernels.h"
 #include "launch_args.cuh"
+#include "named_barrier.cuh"
 #include "programmatic_launch.cuh"
 #include "schedule_hint.cuh"
 
@@ -266,19 +267,9 @@ __global__ void __launch_bounds__(kRowKernelWarps* kLanes)
   store_row<kBF16, false>(p, a, row, lane, share, row_outputs(p, t, g.s, k.s), out, g, nullptr, k);
 }
 
-// Named barriers of the chain kernel (0 is __syncthreads'): the targets published, the reciprocal table filled.
+// Named barriers of the chain kernel: the targets published, the reciprocal table filled.
 constexpr uint32_t kTargetsReady = 1;
 constexpr uint32_t kTableReady = 2;
-
-template <uint32_t kId, uint32_t kThreads>
-__device__ __forceinline__ void barrier_sync() {
-  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
-}
-
-template <uint32_t kId, uint32_t kThreads>
-__device__ __forceinline__ void barrier_arrive() {
-  asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
-}
 
 template <bool kBF16, typename Index>
 __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
@@ -298,7 +289,7 @@ __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
       o = row_outputs(p, t, mla_ckv_scale(p), mla_kpe_scale(p));
     }
     outputs[lane] = o;
-    barrier_arrive<kTargetsReady, kChainKernelThreads>();
+    named_barrier_arrive<kTargetsReady, kChainKernelThreads>();
     return;
   }
   const uint32_t first = (warp - 1) * kRowsPerWarp;  // the warp's rows: cta_row + first + k
@@ -319,11 +310,11 @@ __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
   if (entry < block_quantizer::kReciprocalTableSize) {
     reciprocal[entry] = block_quantizer::reciprocal_entry(uint8_t(entry), g.s);
   }
-  barrier_sync<kTableReady, kQuantizingWarps * kLanes>();
+  named_barrier_sync<kTableReady, kQuantizingWarps * kLanes>();
   LaneOutputs out[kRowsPerWarp];
 #pragma unroll
   for (uint32_t k = 0; k < kRowsPerWarp; ++k) out[k] = quantize_first<kBF16, true>(p, in[k], g, reciprocal, kpe);
-  barrier_sync<kTargetsReady, kChainKernelThreads>();
+  named_barrier_sync<kTargetsReady, kChainKernelThreads>();
 #pragma unroll
   for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
     if (row0 + k < p.nnz) {
