@@ -121,10 +121,11 @@ __device__ __forceinline__ Block quantize_block(const uint32_t (&w)[8], const Ck
   return b;
 }
 
+template <bool kCommon>
 __device__ __forceinline__ void store_block(const MlaLaunch& a, uint8_t* data, uint8_t* scales, int64_t block,
                                             const Block& b) {
   uint8_t* out = data + block * codec::kBlockBytes;
-  if (a.ckv_store8) {
+  if (kCommon || a.ckv_store8) {
     *reinterpret_cast<uint2*>(out) = b.packed;
   } else {
 #pragma unroll
@@ -186,10 +187,11 @@ struct LaneInputs {
 };
 
 // The lane's first inputs of the row whose ckv and kpe values start at `ckv` and `kpe`.
+template <bool kCommon>
 __device__ __forceinline__ LaneInputs load_first(const MlaLaunch& a, const uint16_t* ckv, const uint16_t* kpe,
                                                  uint32_t lane, const LaneShare& share) {
   LaneInputs in{};
-  if (share.block) load_block(ckv, lane, a.ckv_load16, in.w);
+  if (share.block) load_block(ckv, lane, kCommon || a.ckv_load16, in.w);
   if (share.pair) in.kpe_pair = __ldg(reinterpret_cast<const uint32_t*>(kpe + 2 * lane));
   return in;
 }
@@ -206,37 +208,40 @@ __device__ __forceinline__ LaneOutputs quantize_first(const MlaParams& p, const 
 }
 
 // The lane's part of row `row` written to `o`: the first outputs, then the blocks and kpe values beyond
-// them (C > 512, R > 64, or kpe values that are not read as pairs), loaded here.
-template <bool kBF16, bool kTable>
+// them (C > 512, R > 64, or kpe values that are not read as pairs), loaded here. kCommon: the call has the
+// common shape (common_shape below), so there are none.
+template <bool kBF16, bool kTable, bool kCommon>
 __device__ __forceinline__ void store_row(const MlaParams& p, const MlaLaunch& a, int64_t row, uint32_t lane,
                                           const LaneShare& share, const RowOutputs& o, const LaneOutputs& out,
                                           const CkvScale& g, const float* reciprocal, const KpeScale& k) {
   if (o.write_ckv) {
     uint8_t* data = p.ckv_data.data + o.ckv_data;
     uint8_t* scales = p.ckv_scales.data + o.ckv_scales;
-    if (share.block) store_block(a, data, scales, lane, out.block);
-    for (int64_t block = lane + kLanes; block < p.ckv_dim / codec::kBlockSize; block += kLanes) {
+    if (share.block) store_block<kCommon>(a, data, scales, lane, out.block);
+    for (int64_t block = lane + kLanes; !kCommon && block < p.ckv_dim / codec::kBlockSize; block += kLanes) {
       uint32_t w[8];
       load_block(p.ckv.data + row * p.ckv.row_stride, block, a.ckv_load16, w);
-      store_block(a, data, scales, block, quantize_block<kBF16, kTable>(w, g, reciprocal));
+      store_block<false>(a, data, scales, block, quantize_block<kBF16, kTable>(w, g, reciprocal));
     }
   }
   if (!o.write_kpe) return;
   uint8_t* dst = p.kpe_cache.data + o.kpe;
-  if (a.kpe_pairs) {  // kpe_dim even, pairs aligned for 4-byte loads and the stores
+  if (kCommon || a.kpe_pairs) {  // kpe_dim even, pairs aligned for 4-byte loads and the stores
     if (share.pair) store_kpe_pair(p, dst, 2 * lane, out.kpe);
-    for (int64_t j = 2 * (lane + kLanes); j < p.kpe_dim; j += 2 * kLanes) {
+    for (int64_t j = 2 * (lane + kLanes); !kCommon && j < p.kpe_dim; j += 2 * kLanes) {
       const uint32_t pair = __ldg(reinterpret_cast<const uint32_t*>(p.kpe.data + row * p.kpe.row_stride + j));
       store_kpe_pair(p, dst, j, kpe_pair_out<kBF16>(p, pair, k));
     }
     return;
   }
-  for (int64_t j = lane; j < p.kpe_dim; j += kLanes) {
-    const uint16_t bits = __ldg(p.kpe.data + row * p.kpe.row_stride + j);
-    if (p.kpe_is_fp8) {
-      dst[j] = uint8_t(block_quantizer::quotient_byte(value_of<kBF16>(bits), k.s, k.inverse));
-    } else {
-      reinterpret_cast<uint16_t*>(dst)[j] = bits;
+  if constexpr (!kCommon) {
+    for (int64_t j = lane; j < p.kpe_dim; j += kLanes) {
+      const uint16_t bits = __ldg(p.kpe.data + row * p.kpe.row_stride + j);
+      if (p.kpe_is_fp8) {
+        dst[j] = uint8_t(block_quantizer::quotient_byte(value_of<kBF16>(bits), k.s, k.inverse));
+      } else {
+        reinterpret_cast<uint16_t*>(dst)[j] = bits;
+      }
     }
   }
 }
@@ -257,21 +262,21 @@ __global__ void __launch_bounds__(kRowKernelWarps* kLanes)
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
   if (row >= p.nnz) return;
-  const LaneInputs in = load_first(a, ckv, kpe, lane, share);
+  const LaneInputs in = load_first<false>(a, ckv, kpe, lane, share);
   const RowIndices r = append_kernel::load_row_indices<Index>(p, a, row, indices);
   const KpeScale k = kpe_scale_of(mla_kpe_scale(p));
   const float device_ckv_scale = p.ckv_scale_device ? *p.ckv_scale_device : 0.0f;
   const Target t = append_kernel::start_target<Index, true>(p, a, row, r);
   if (p.ckv_scale_device) g = ckv_scale_of(device_ckv_scale);  // after the chain's loads: it waits for the scale
   const LaneOutputs out = quantize_first<kBF16, false>(p, in, g, nullptr, k);  // while the page id is in flight
-  store_row<kBF16, false>(p, a, row, lane, share, row_outputs(p, t, g.s, k.s), out, g, nullptr, k);
+  store_row<kBF16, false, false>(p, a, row, lane, share, row_outputs(p, t, g.s, k.s), out, g, nullptr, k);
 }
 
 // Named barriers of the chain kernel: the targets published, the reciprocal table filled.
 constexpr uint32_t kTargetsReady = 1;
 constexpr uint32_t kTableReady = 2;
 
-template <bool kBF16, typename Index>
+template <bool kBF16, typename Index, bool kCommon>
 __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
     append_mla_chain_kernel(const __grid_constant__ MlaParams p, const __grid_constant__ MlaLaunch a) {
   __shared__ RowOutputs outputs[kChainRows];
@@ -299,8 +304,8 @@ __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
 #pragma unroll
   for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
     if (row0 + k < p.nnz) {
-      in[k] = load_first(a, p.ckv.data + (row0 + k) * p.ckv.row_stride, p.kpe.data + (row0 + k) * p.kpe.row_stride,
-                         lane, share);
+      in[k] = load_first<kCommon>(a, p.ckv.data + (row0 + k) * p.ckv.row_stride,
+                                  p.kpe.data + (row0 + k) * p.kpe.row_stride, lane, share);
     }
   }
   const CkvScale g = ckv_scale_of(mla_ckv_scale(p));
@@ -318,7 +323,7 @@ __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
 #pragma unroll
   for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
     if (row0 + k < p.nnz) {
-      store_row<kBF16, true>(p, a, row0 + k, lane, share, outputs[first + k], out[k], g, reciprocal, kpe);
+      store_row<kBF16, true, kCommon>(p, a, row0 + k, lane, share, outputs[first + k], out[k], g, reciprocal, kpe);
     }
   }
 }
@@ -331,6 +336,13 @@ bool cache_aligned(const LatentCacheView& c, int64_t bytes) {
   return aligned(c.data, c.page_stride, bytes) && c.entry_stride % bytes == 0;
 }
 
+// The common shape (DeepSeek's C = 512 and R = 64, or narrower; 16-byte ckv rows, 8-byte ckv cache
+// entries, kpe read in pairs): a lane owns at most one ckv block and one kpe pair.
+bool common_shape(const MlaParams& p, const MlaLaunch& a) {
+  return p.ckv_dim <= int64_t(kLanes) * codec::kBlockSize && p.kpe_dim <= 2 * int64_t(kLanes) && a.kpe_pairs &&
+         a.ckv_load16 && a.ckv_store8;
+}
+
 template <bool kBF16, typename Index>
 cudaError_t launch_kernel(const MlaParams& p, const MlaLaunch& a, bool row_kernel, uint32_t ctas, cudaStream_t stream) {
   const bool programmatic = programmatic_launch::enabled_on_current_device();
@@ -338,8 +350,9 @@ cudaError_t launch_kernel(const MlaParams& p, const MlaLaunch& a, bool row_kerne
     return programmatic_launch::launch(append_mla_row_kernel<kBF16, Index>, dim3(ctas), dim3(kRowKernelWarps * kLanes),
                                        stream, programmatic, p, a);
   }
-  return programmatic_launch::launch(append_mla_chain_kernel<kBF16, Index>, dim3(ctas), dim3(kChainKernelThreads),
-                                     stream, programmatic, p, a);
+  const auto kernel =
+      common_shape(p, a) ? append_mla_chain_kernel<kBF16, Index, true> : append_mla_chain_kernel<kBF16, Index, false>;
+  return programmatic_launch::launch(kernel, dim3(ctas), dim3(kChainKernelThreads), stream, programmatic, p, a);
 }
 
 // One load per index element when every index tensor the call reads has the same dtype.
