@@ -10,7 +10,8 @@
 //     that a small call spreads over many SMs. Before the programmatic wait it computes the addresses of
 //     its first loads and the reciprocal of 6 s of a ckv scale passed by value; right after it, the
 //     lane's inputs, the row's level-1 index loads and the device scales go out together; the chain
-//     (index_chain.cuh) runs up to the page id's load, and the quantizing runs while that is in flight.
+//     (index_chain.cuh) runs up to the page id's load, and the entry's offset terms and the quantizing
+//     run while that is in flight: the page id stays as loaded (PendingTarget) until the stores.
 //   chain kernel (larger calls: prefill): CTAs of 32 rows and 9 warps. Warp 0 resolves the 32 rows'
 //     targets, one per lane, into byte offsets of each row's parts in the caches, and publishes them
 //     through a named barrier; warps 1-8 load the inputs of 4 rows each at once (4 rows' loads in flight
@@ -40,6 +41,7 @@ namespace nvfp4kv {
 namespace {
 
 using append_kernel::Divisor;
+using append_kernel::PendingTarget;
 using append_kernel::RowIndexAddresses;
 using append_kernel::RowIndices;
 using append_kernel::Target;
@@ -78,10 +80,16 @@ struct KpeScale {
 
 __device__ __forceinline__ KpeScale kpe_scale_of(float s) { return {s, block_quantizer::division_inverse(s)}; }
 
+// Whether the kpe cache is E4M3 (else a bit copy): always in the common shape (common_shape below).
+template <bool kCommon>
+__device__ __forceinline__ bool kpe_fp8(const MlaParams& p) {
+  return kCommon || p.kpe_is_fp8;
+}
+
 // A kpe value pair (low half = even element) as written: two E4M3 bytes, or the pair itself (copy).
-template <bool kBF16>
+template <bool kBF16, bool kCommon>
 __device__ __forceinline__ uint32_t kpe_pair_out(const MlaParams& p, uint32_t pair, const KpeScale& k) {
-  if (!p.kpe_is_fp8) return pair;
+  if (!kpe_fp8<kCommon>(p)) return pair;
   return block_quantizer::quotient_bytes2(value_of<kBF16>(pair & 0xFFFFu), value_of<kBF16>(pair >> 16), k.s, k.inverse);
 }
 
@@ -134,8 +142,9 @@ __device__ __forceinline__ void store_block(const MlaLaunch& a, uint8_t* data, u
   scales[block] = b.sf;
 }
 
+template <bool kCommon>
 __device__ __forceinline__ void store_kpe_pair(const MlaParams& p, uint8_t* dst, int64_t j, uint32_t out) {
-  if (p.kpe_is_fp8) {
+  if (kpe_fp8<kCommon>(p)) {
     *reinterpret_cast<uint16_t*>(dst + j) = uint16_t(out);
   } else {
     *reinterpret_cast<uint32_t*>(dst + 2 * j) = out;
@@ -149,8 +158,9 @@ __device__ __forceinline__ bool kpe_writable(const MlaParams& p, float kpe_scale
 }
 
 // Where a row's parts go: byte offsets into the three caches and which parts are written (none when the
-// row is skipped by the bounds contract; not a part whose device scale is unusable). Offsets, not
-// pointers, so that the stores stay global-memory stores when these pass through shared memory.
+// row is skipped by the bounds contract, whose offsets are then meaningless; not a part whose device
+// scale is unusable). Offsets, not pointers, so that the stores stay global-memory stores when these
+// pass through shared memory.
 struct RowOutputs {
   int64_t ckv_data;
   int64_t ckv_scales;
@@ -159,15 +169,28 @@ struct RowOutputs {
   bool write_kpe;
 };
 
-__device__ __forceinline__ RowOutputs row_outputs(const MlaParams& p, const Target& t, float ckv_scale,
-                                                  float kpe_scale) {
-  RowOutputs o{};
-  if (!append_kernel::finish_target(p, t)) return o;
-  o.ckv_data = p.ckv_data.offset(t.page, t.entry);
-  o.ckv_scales = p.ckv_scales.offset(t.page, t.entry);
-  o.kpe = p.kpe_cache.offset(t.page, t.entry);
-  o.write_ckv = usable_global_scale(ckv_scale);
-  o.write_kpe = kpe_writable(p, kpe_scale);
+// The entry's terms of a row's three byte offsets (LatentCacheView::offset with page 0): they wait only for
+// the position, not for the page id.
+struct EntryOffsets {
+  int64_t ckv_data;
+  int64_t ckv_scales;
+  int64_t kpe;
+};
+
+__device__ __forceinline__ EntryOffsets entry_offsets(const MlaParams& p, int64_t entry) {
+  return {p.ckv_data.offset(0, entry), p.ckv_scales.offset(0, entry), p.kpe_cache.offset(0, entry)};
+}
+
+__device__ __forceinline__ RowOutputs row_outputs(const MlaParams& p, const Target& t, const EntryOffsets& e,
+                                                  float ckv_scale, float kpe_scale) {
+  // Without a branch: the flags do not wait for the page id, and its offsets are unused when they are false.
+  const bool placed = append_kernel::finish_target(p, t);
+  RowOutputs o;
+  o.ckv_data = p.ckv_data.offset(t.page, 0) + e.ckv_data;
+  o.ckv_scales = p.ckv_scales.offset(t.page, 0) + e.ckv_scales;
+  o.kpe = p.kpe_cache.offset(t.page, 0) + e.kpe;
+  o.write_ckv = placed & usable_global_scale(ckv_scale);
+  o.write_kpe = placed & kpe_writable(p, kpe_scale);
   return o;
 }
 
@@ -201,10 +224,10 @@ struct LaneOutputs {
   uint32_t kpe;  // kpe_pair_out of the first pair
 };
 
-template <bool kBF16, bool kTable>
+template <bool kBF16, bool kTable, bool kCommon>
 __device__ __forceinline__ LaneOutputs quantize_first(const MlaParams& p, const LaneInputs& in, const CkvScale& g,
                                                       const float* reciprocal, const KpeScale& k) {
-  return {quantize_block<kBF16, kTable>(in.w, g, reciprocal), kpe_pair_out<kBF16>(p, in.kpe_pair, k)};
+  return {quantize_block<kBF16, kTable>(in.w, g, reciprocal), kpe_pair_out<kBF16, kCommon>(p, in.kpe_pair, k)};
 }
 
 // The lane's part of row `row` written to `o`: the first outputs, then the blocks and kpe values beyond
@@ -227,10 +250,10 @@ __device__ __forceinline__ void store_row(const MlaParams& p, const MlaLaunch& a
   if (!o.write_kpe) return;
   uint8_t* dst = p.kpe_cache.data + o.kpe;
   if (kCommon || a.kpe_pairs) {  // kpe_dim even, pairs aligned for 4-byte loads and the stores
-    if (share.pair) store_kpe_pair(p, dst, 2 * lane, out.kpe);
+    if (share.pair) store_kpe_pair<kCommon>(p, dst, 2 * lane, out.kpe);
     for (int64_t j = 2 * (lane + kLanes); !kCommon && j < p.kpe_dim; j += 2 * kLanes) {
       const uint32_t pair = __ldg(reinterpret_cast<const uint32_t*>(p.kpe.data + row * p.kpe.row_stride + j));
-      store_kpe_pair(p, dst, j, kpe_pair_out<kBF16>(p, pair, k));
+      store_kpe_pair<false>(p, dst, j, kpe_pair_out<kBF16, false>(p, pair, k));
     }
     return;
   }
@@ -266,10 +289,13 @@ __global__ void __launch_bounds__(kRowKernelWarps* kLanes)
   const RowIndices r = append_kernel::load_row_indices<Index>(p, a, row, indices);
   const KpeScale k = kpe_scale_of(mla_kpe_scale(p));
   const float device_ckv_scale = p.ckv_scale_device ? *p.ckv_scale_device : 0.0f;
-  const Target t = append_kernel::start_target<Index, true>(p, a, row, r);
+  const PendingTarget<Index> pending = append_kernel::start_pending_target<Index, true>(p, a, row, r);
   if (p.ckv_scale_device) g = ckv_scale_of(device_ckv_scale);  // after the chain's loads: it waits for the scale
-  const LaneOutputs out = quantize_first<kBF16, false>(p, in, g, nullptr, k);  // while the page id is in flight
-  store_row<kBF16, false, false>(p, a, row, lane, share, row_outputs(p, t, g.s, k.s), out, g, nullptr, k);
+  // While the page id is in flight:
+  const EntryOffsets e = entry_offsets(p, pending.entry);
+  const LaneOutputs out = quantize_first<kBF16, false, false>(p, in, g, nullptr, k);
+  const Target t = append_kernel::resolved(pending);  // the first instruction that waits for the page id
+  store_row<kBF16, false, false>(p, a, row, lane, share, row_outputs(p, t, e, g.s, k.s), out, g, nullptr, k);
 }
 
 // Named barriers of the chain kernel: the targets published, the reciprocal table filled.
@@ -291,7 +317,7 @@ __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
     if (row < p.nnz) {
       const Target t =
           append_kernel::start_target<Index, true>(p, a, row, append_kernel::load_row_indices<Index>(p, a, row));
-      o = row_outputs(p, t, mla_ckv_scale(p), mla_kpe_scale(p));
+      o = row_outputs(p, t, entry_offsets(p, t.entry), mla_ckv_scale(p), mla_kpe_scale(p));
     }
     outputs[lane] = o;
     named_barrier_arrive<kTargetsReady, kChainKernelThreads>();
@@ -303,9 +329,11 @@ __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
   LaneInputs in[kRowsPerWarp] = {};
 #pragma unroll
   for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
-    if (row0 + k < p.nnz) {
-      in[k] = load_first<kCommon>(a, p.ckv.data + (row0 + k) * p.ckv.row_stride,
-                                  p.kpe.data + (row0 + k) * p.kpe.row_stride, lane, share);
+    // The common shape loads a row past the last one as the last one (no branch; never stored).
+    const int64_t row = kCommon ? min(row0 + k, p.nnz - 1) : row0 + k;
+    if (kCommon || row < p.nnz) {
+      in[k] =
+          load_first<kCommon>(a, p.ckv.data + row * p.ckv.row_stride, p.kpe.data + row * p.kpe.row_stride, lane, share);
     }
   }
   const CkvScale g = ckv_scale_of(mla_ckv_scale(p));
@@ -318,7 +346,9 @@ __global__ void __launch_bounds__(kChainKernelThreads, 3)  // 72 registers
   named_barrier_sync<kTableReady, kQuantizingWarps * kLanes>();
   LaneOutputs out[kRowsPerWarp];
 #pragma unroll
-  for (uint32_t k = 0; k < kRowsPerWarp; ++k) out[k] = quantize_first<kBF16, true>(p, in[k], g, reciprocal, kpe);
+  for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
+    out[k] = quantize_first<kBF16, true, kCommon>(p, in[k], g, reciprocal, kpe);
+  }
   named_barrier_sync<kTargetsReady, kChainKernelThreads>();
 #pragma unroll
   for (uint32_t k = 0; k < kRowsPerWarp; ++k) {
@@ -337,10 +367,10 @@ bool cache_aligned(const LatentCacheView& c, int64_t bytes) {
 }
 
 // The common shape (DeepSeek's C = 512 and R = 64, or narrower; 16-byte ckv rows, 8-byte ckv cache
-// entries, kpe read in pairs): a lane owns at most one ckv block and one kpe pair.
+// entries, kpe read in pairs and written as E4M3): a lane owns at most one ckv block and one kpe pair.
 bool common_shape(const MlaParams& p, const MlaLaunch& a) {
   return p.ckv_dim <= int64_t(kLanes) * codec::kBlockSize && p.kpe_dim <= 2 * int64_t(kLanes) && a.kpe_pairs &&
-         a.ckv_load16 && a.ckv_store8;
+         a.ckv_load16 && a.ckv_store8 && p.kpe_is_fp8;
 }
 
 template <bool kBF16, typename Index>

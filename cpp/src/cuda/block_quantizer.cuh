@@ -126,11 +126,16 @@ __device__ __forceinline__ float division_inverse(float six_s) {
   return six_s >= 0x1p-60f && six_s <= 0x1p60f ? __frcp_rn(six_s) : 0.0f;
 }
 
+// RN(a / d) for a >= 0 with inverse = division_inverse(d) != 0; inf or NaN where the quotient overflows.
+__device__ __forceinline__ float hoisted_quotient(float a, float d, float inverse) {
+  const float q0 = __fmul_rn(a, inverse);
+  const float residual = __fmaf_rn(-d, q0, a);
+  return __fmaf_rn(residual, inverse, q0);
+}
+
 // The quotient with an inverse known to be division_inverse's nonzero result (no division fallback).
 __device__ __forceinline__ float scale_quotient_hoisted(float absmax, float six_s, float inverse) {
-  const float q0 = __fmul_rn(absmax, inverse);
-  const float residual = __fmaf_rn(-six_s, q0, absmax);
-  return fminf(__fmaf_rn(residual, inverse, q0), 512.0f);
+  return fminf(hoisted_quotient(absmax, six_s, inverse), 512.0f);
 }
 
 __device__ __forceinline__ float scale_quotient(float absmax, float six_s, float inverse) {
@@ -150,8 +155,16 @@ __device__ __forceinline__ uint32_t quotient_byte(float x, float s, float invers
 // quotient_byte of two values as two bytes (x0 low), one hardware conversion for both on sm_89+.
 __device__ __forceinline__ uint32_t quotient_bytes2(float x0, float x1, float s, float inverse) {
 #if __CUDA_ARCH__ >= 890
-  const float t0 = fminf(scale_quotient(fabsf(x0), s, inverse), codec::kE4M3MaxValue);
-  const float t1 = fminf(scale_quotient(fabsf(x1), s, inverse), codec::kE4M3MaxValue);
+  float t0, t1;  // scale_quotient of both, with one test of the inverse (the minimum below saturates)
+  if (inverse != 0.0f) {
+    t0 = hoisted_quotient(fabsf(x0), s, inverse);
+    t1 = hoisted_quotient(fabsf(x1), s, inverse);
+  } else {
+    t0 = __fdiv_rn(fabsf(x0), s);
+    t1 = __fdiv_rn(fabsf(x1), s);
+  }
+  t0 = fminf(t0, codec::kE4M3MaxValue);
+  t1 = fminf(t1, codec::kE4M3MaxValue);
   uint16_t pair;  // the first operand goes to the high byte
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(t1), "f"(t0));
   uint32_t bytes = pair | ((__float_as_uint(x0) >> 24) & 0x80u) | ((__float_as_uint(x1) >> 16) & 0x8000u);

@@ -124,19 +124,47 @@ struct Target {
   bool ok;        // every check but the page id's range passed
 };
 
+// The page id as loaded, in its index type (int64 for a mix of types). A kernel that quantizes while the
+// page id's load is in flight keeps it so until its stores (resolved): widening an int32 right after the
+// load would make the thread wait for the load there.
+template <typename Index>
+using LoadedPageId = std::conditional_t<std::is_same_v<Index, int32_t>, int32_t, int64_t>;
+
+template <typename Index>
+struct PendingTarget {
+  LoadedPageId<Index> page;
+  int64_t entry;
+  bool ok;
+};
+
+template <typename Index>
+__device__ __forceinline__ Target resolved(const PendingTarget<Index>& t) {
+  return {int64_t(t.page), t.entry, t.ok};
+}
+
+template <typename Index>
+__device__ __forceinline__ LoadedPageId<Index> read_page_id(const IndexView& v, int64_t i) {
+  if constexpr (std::is_same_v<Index, int32_t>) {
+    return __ldg(static_cast<const int32_t*>(v.data) + i * v.stride);
+  } else {
+    return read_index<Index>(v, i);
+  }
+}
+
 // kLoadFirst: the page id's load goes out before the checks (which then overlap it), its index clamped
 // into kv_indices (size >= 1: the host checks); a row whose checks fail is skipped and its id unused.
 // Otherwise the checks come first and a failed row loads element 0 (the pair kernel's chain warp,
 // whose latency is hidden by the quantizing warps: its code is kept as measured, see load_row_indices).
 template <typename Index, bool kLoadFirst, typename Params, typename Args>
-__device__ __forceinline__ Target start_target(const Params& p, const Args& a, int64_t row, const RowIndices& r) {
+__device__ __forceinline__ PendingTarget<Index> start_pending_target(const Params& p, const Args& a, int64_t row,
+                                                                     const RowIndices& r) {
   using QuotientIndex = std::conditional_t<kLoadFirst, Index, void>;  // the chain warp keeps its measured code
-  Target t;
+  PendingTarget<Index> t;
   if (p.slot_mapping.data != nullptr) {
     const int64_t slot = r.b;
     const uint64_t page = page_quotient<QuotientIndex>(slot, p, a);
-    t.ok = slot >= 0;  // and page < num_pages, checked with the page-table case in finish_target
-    t.page = int64_t(page);
+    t.ok = slot >= 0;                    // and page < num_pages, checked with the page-table case in finish_target
+    t.page = LoadedPageId<Index>(page);  // below 2^31 when the slot was read as int32
     t.entry = slot - int64_t(page) * p.page_size;
     return t;
   }
@@ -155,10 +183,15 @@ __device__ __forceinline__ Target start_target(const Params& p, const Args& a, i
          slot < p.kv_indices.size;
   // kLoadFirst: a slot outside [0, size) (negative ones compare as huge) reads the last element.
   const uint64_t last_slot = uint64_t(p.kv_indices.size - 1);
-  t.page = read_index<Index>(p.kv_indices,
-                             kLoadFirst ? int64_t(uint64_t(slot) > last_slot ? last_slot : slot) : (t.ok ? slot : 0));
+  t.page = read_page_id<Index>(p.kv_indices,
+                               kLoadFirst ? int64_t(uint64_t(slot) > last_slot ? last_slot : slot) : (t.ok ? slot : 0));
   t.entry = position - int64_t(page_offset) * p.page_size;
   return t;
+}
+
+template <typename Index, bool kLoadFirst, typename Params, typename Args>
+__device__ __forceinline__ Target start_target(const Params& p, const Args& a, int64_t row, const RowIndices& r) {
+  return resolved(start_pending_target<Index, kLoadFirst>(p, a, row, r));
 }
 
 template <typename Params>
