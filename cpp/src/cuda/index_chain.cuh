@@ -155,16 +155,17 @@ __device__ __forceinline__ LoadedPageId<Index> read_page_id(const IndexView& v, 
 // into kv_indices (size >= 1: the host checks); a row whose checks fail is skipped and its id unused.
 // Otherwise the checks come first and a failed row loads element 0 (the pair kernel's chain warp,
 // whose latency is hidden by the quantizing warps: its code is kept as measured, see load_row_indices).
-template <typename Index, bool kLoadFirst, typename Params, typename Args>
-__device__ __forceinline__ PendingTarget<Index> start_pending_target(const Params& p, const Args& a, int64_t row,
-                                                                     const RowIndices& r) {
+// Result: Target, or PendingTarget<Index> (the page id as loaded).
+template <typename Index, bool kLoadFirst, typename Result, typename Params, typename Args>
+__device__ __forceinline__ Result target_of_row(const Params& p, const Args& a, int64_t row, const RowIndices& r) {
   using QuotientIndex = std::conditional_t<kLoadFirst, Index, void>;  // the chain warp keeps its measured code
-  PendingTarget<Index> t;
+  using PageId = decltype(Result::page);
+  Result t;
   if (p.slot_mapping.data != nullptr) {
     const int64_t slot = r.b;
     const uint64_t page = page_quotient<QuotientIndex>(slot, p, a);
-    t.ok = slot >= 0;                    // and page < num_pages, checked with the page-table case in finish_target
-    t.page = LoadedPageId<Index>(page);  // below 2^31 when the slot was read as int32
+    t.ok = slot >= 0;       // and page < num_pages, checked with the page-table case in finish_target
+    t.page = PageId(page);  // an int32 when the slot was read as int32, so below 2^31
     t.entry = slot - int64_t(page) * p.page_size;
     return t;
   }
@@ -183,15 +184,21 @@ __device__ __forceinline__ PendingTarget<Index> start_pending_target(const Param
          slot < p.kv_indices.size;
   // kLoadFirst: a slot outside [0, size) (negative ones compare as huge) reads the last element.
   const uint64_t last_slot = uint64_t(p.kv_indices.size - 1);
-  t.page = read_page_id<Index>(p.kv_indices,
-                               kLoadFirst ? int64_t(uint64_t(slot) > last_slot ? last_slot : slot) : (t.ok ? slot : 0));
+  const int64_t page_slot = kLoadFirst ? int64_t(uint64_t(slot) > last_slot ? last_slot : slot) : (t.ok ? slot : 0);
+  t.page = read_page_id<Index>(p.kv_indices, page_slot);
   t.entry = position - int64_t(page_offset) * p.page_size;
   return t;
 }
 
 template <typename Index, bool kLoadFirst, typename Params, typename Args>
 __device__ __forceinline__ Target start_target(const Params& p, const Args& a, int64_t row, const RowIndices& r) {
-  return resolved(start_pending_target<Index, kLoadFirst>(p, a, row, r));
+  return target_of_row<Index, kLoadFirst, Target>(p, a, row, r);
+}
+
+template <typename Index, bool kLoadFirst, typename Params, typename Args>
+__device__ __forceinline__ PendingTarget<Index> start_pending_target(const Params& p, const Args& a, int64_t row,
+                                                                     const RowIndices& r) {
+  return target_of_row<Index, kLoadFirst, PendingTarget<Index>>(p, a, row, r);
 }
 
 template <typename Params>
