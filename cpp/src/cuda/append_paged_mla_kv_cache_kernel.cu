@@ -157,38 +157,35 @@ __device__ __forceinline__ bool kpe_writable(const MlaParams& p, float kpe_scale
   return !p.kpe_is_fp8 || usable_global_scale(kpe_scale);
 }
 
-// Where a row's parts go: byte offsets into the three caches and which parts are written (none when the
-// row is skipped by the bounds contract, whose offsets are then meaningless; not a part whose device
-// scale is unusable). Offsets, not pointers, so that the stores stay global-memory stores when these
-// pass through shared memory.
-struct RowOutputs {
+// Byte offsets into the three caches (LatentCacheView::offset). Offsets, not pointers, so that the stores
+// stay global-memory stores when these pass through shared memory.
+struct CacheOffsets {
   int64_t ckv_data;
   int64_t ckv_scales;
   int64_t kpe;
+};
+
+// The entry's terms of a row's offsets (page 0): they wait only for the position, not for the page id.
+__device__ __forceinline__ CacheOffsets entry_offsets(const MlaParams& p, int64_t entry) {
+  return {p.ckv_data.offset(0, entry), p.ckv_scales.offset(0, entry), p.kpe_cache.offset(0, entry)};
+}
+
+// Where a row's parts go and which parts are written (none when the row is skipped by the bounds contract,
+// whose offsets are then meaningless; not a part whose device scale is unusable).
+struct RowOutputs {
+  CacheOffsets at;
   bool write_ckv;
   bool write_kpe;
 };
 
-// The entry's terms of a row's three byte offsets (LatentCacheView::offset with page 0): they wait only for
-// the position, not for the page id.
-struct EntryOffsets {
-  int64_t ckv_data;
-  int64_t ckv_scales;
-  int64_t kpe;
-};
-
-__device__ __forceinline__ EntryOffsets entry_offsets(const MlaParams& p, int64_t entry) {
-  return {p.ckv_data.offset(0, entry), p.ckv_scales.offset(0, entry), p.kpe_cache.offset(0, entry)};
-}
-
-__device__ __forceinline__ RowOutputs row_outputs(const MlaParams& p, const Target& t, const EntryOffsets& e,
+__device__ __forceinline__ RowOutputs row_outputs(const MlaParams& p, const Target& t, const CacheOffsets& entry,
                                                   float ckv_scale, float kpe_scale) {
   // Without a branch: the flags do not wait for the page id, and its offsets are unused when they are false.
   const bool placed = append_kernel::finish_target(p, t);
   RowOutputs o;
-  o.ckv_data = p.ckv_data.offset(t.page, 0) + e.ckv_data;
-  o.ckv_scales = p.ckv_scales.offset(t.page, 0) + e.ckv_scales;
-  o.kpe = p.kpe_cache.offset(t.page, 0) + e.kpe;
+  o.at.ckv_data = p.ckv_data.offset(t.page, 0) + entry.ckv_data;
+  o.at.ckv_scales = p.ckv_scales.offset(t.page, 0) + entry.ckv_scales;
+  o.at.kpe = p.kpe_cache.offset(t.page, 0) + entry.kpe;
   o.write_ckv = placed & usable_global_scale(ckv_scale);
   o.write_kpe = placed & kpe_writable(p, kpe_scale);
   return o;
@@ -238,8 +235,8 @@ __device__ __forceinline__ void store_row(const MlaParams& p, const MlaLaunch& a
                                           const LaneShare& share, const RowOutputs& o, const LaneOutputs& out,
                                           const CkvScale& g, const float* reciprocal, const KpeScale& k) {
   if (o.write_ckv) {
-    uint8_t* data = p.ckv_data.data + o.ckv_data;
-    uint8_t* scales = p.ckv_scales.data + o.ckv_scales;
+    uint8_t* data = p.ckv_data.data + o.at.ckv_data;
+    uint8_t* scales = p.ckv_scales.data + o.at.ckv_scales;
     if (share.block) store_block<kCommon>(a, data, scales, lane, out.block);
     for (int64_t block = lane + kLanes; !kCommon && block < p.ckv_dim / codec::kBlockSize; block += kLanes) {
       uint32_t w[8];
@@ -248,7 +245,7 @@ __device__ __forceinline__ void store_row(const MlaParams& p, const MlaLaunch& a
     }
   }
   if (!o.write_kpe) return;
-  uint8_t* dst = p.kpe_cache.data + o.kpe;
+  uint8_t* dst = p.kpe_cache.data + o.at.kpe;
   if (kCommon || a.kpe_pairs) {  // kpe_dim even, pairs aligned for 4-byte loads and the stores
     if (share.pair) store_kpe_pair<kCommon>(p, dst, 2 * lane, out.kpe);
     for (int64_t j = 2 * (lane + kLanes); !kCommon && j < p.kpe_dim; j += 2 * kLanes) {
@@ -292,7 +289,7 @@ __global__ void __launch_bounds__(kRowKernelWarps* kLanes)
   const PendingTarget<Index> pending = append_kernel::start_pending_target<Index, true>(p, a, row, r);
   if (p.ckv_scale_device) g = ckv_scale_of(device_ckv_scale);  // after the chain's loads: it waits for the scale
   // While the page id is in flight:
-  const EntryOffsets e = entry_offsets(p, pending.entry);
+  const CacheOffsets e = entry_offsets(p, pending.entry);
   const LaneOutputs out = quantize_first<kBF16, false, false>(p, in, g, nullptr, k);
   const Target t = append_kernel::resolved(pending);  // the first instruction that waits for the page id
   store_row<kBF16, false, false>(p, a, row, lane, share, row_outputs(p, t, e, g.s, k.s), out, g, nullptr, k);
