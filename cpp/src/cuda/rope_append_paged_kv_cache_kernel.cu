@@ -122,8 +122,8 @@ __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wai
 
 // Prefill shape: CTA (group of kRowsPerCta rows, 128-thread chunk) with 16-byte aligned inputs. Each thread's unit
 // of every row of the group goes to shared memory by cp.async (bytes in flight without registers held), the rows'
-// positions and table rows are loaded once for all of them, and thread r < kRowsPerCta follows row r's index
-// chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are read
+// positions and table rows are loaded once for all of them, and lane r < kRowsPerCta of the last warp follows row
+// r's index chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are read
 // from the staged units.
 template <bool kBF16, Pairs kPairs>
 __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
@@ -156,15 +156,20 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
       copy16_async(&units[r][threadIdx.x][4], source + 8);
     }
   }
-  if (threadIdx.x < kRowsPerCta) {  // row r's cache target, for every thread of the CTA (used if in the table)
-    const int64_t row = row0 + threadIdx.x;
+  // The index chain (three dependent loads) runs in the last warp's lanes 0 .. kRowsPerCta - 1 and the table
+  // staging (the position's load, then the table row's) in the other warps, so that the two chains overlap; a
+  // CTA of one warp does both in turn.
+  const uint32_t chain_lane = threadIdx.x - (blockDim.x - kLanes);  // wraps to >= kRowsPerCta outside that warp
+  const uint32_t stagers = has_kv_items && blockDim.x > kLanes ? blockDim.x - kLanes : blockDim.x;
+  if (chain_lane < kRowsPerCta) {  // row r's cache target, for every thread of the CTA (used if in the table)
+    const int64_t row = row0 + chain_lane;
     append_kernel::Target t{0, 0, false};
     if (has_kv_items && row < a.placeable_rows) {
       const append_kernel::RowIndices indices = append_kernel::load_row_indices<void>(ap, a, row);
       t = append_kernel::start_target<void, true>(ap, a, row, indices);
       t.ok = append_kernel::finish_target(ap, t);
     }
-    targets[threadIdx.x] = t;
+    targets[chain_lane] = t;
   }
   const int columns = table_columns(p.rotary_dim);
   uint32_t in_table_rows = 0;  // bit r: row r's position lies in the table
@@ -173,7 +178,7 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
     const bool in_table = positions[r] >= 0 && positions[r] < p.max_pos;
     in_table_rows |= uint32_t(in_table) << r;
     const void* source = rope_table_row(p, in_table ? positions[r] : 0);
-    for (int j = int(threadIdx.x); j < columns; j += int(blockDim.x))
+    for (uint32_t j = threadIdx.x; j < uint32_t(columns) && threadIdx.x < stagers; j += stagers)
       tables[r * columns + j] = in_table && j < p.rotary_dim ? rope::table_value(source, j, p.cos_sin_type) : 0.0f;
   }
   const float q_inverse = p.q_out_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
