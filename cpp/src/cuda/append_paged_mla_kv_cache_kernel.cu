@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kRowKernelWarps* kLanes)
 constexpr uint32_t kTargetsReady = 1;
 constexpr uint32_t kTableReady = 2;
 
-// The common shape at 4 CTAs per SM (56 registers, no spills): 16384 rows are one wave of 512 CTAs on 132 SMs.
+// The common shape at 4 CTAs per SM (56 registers, no spills on sm_90): 16384 rows are one wave of 512 CTAs on 132 SMs.
 template <bool kBF16, typename Index, bool kCommon>
 __global__ void __launch_bounds__(kChainKernelThreads, kCommon ? 4 : 3)  // 56 / 72 registers
     append_mla_chain_kernel(const __grid_constant__ MlaParams p, const __grid_constant__ MlaLaunch a) {
