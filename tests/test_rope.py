@@ -160,6 +160,21 @@ def test_other_cuda_kernel_shapes_match_reference(params, forced_kernel_mode):
     _assert_grid_case_matches(params, "cuda")
 
 
+@pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
+@pytest.mark.parametrize("forced_kernel_mode", ["pair"], indirect=True)
+@pytest.mark.parametrize("q_mode", Q_MODES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_common_shape_prefill_instances_match_reference(head_dim, dtype, q_mode, forced_kernel_mode):
+    """The prefill shape's own instances for the common (Llama-like) calls: NeoX pairs over the whole head, no
+    k_out, the plain recipe, packed 16-byte aligned inputs; 16-bit and FP8 Q, special values, positions outside
+    the table, both V-scale layouts and both index variants."""
+    case = make_rope_case(head_dim=head_dim, dtype=dtype, packed=True, special_values=True,
+                          seed=seed_of("common shape", head_dim, str(dtype), q_mode))  # fmt: skip
+    assert_rope_matches(case, "cuda", q_mode=q_mode, slots=head_dim == 128,
+                        v_sf_layout="trtllm" if dtype == torch.float16 else "linear")  # fmt: skip
+
+
 def _assert_grid_case_matches(p: dict, device: str) -> None:
     (head_dim, rotary_dim), (num_qo_heads, num_kv_heads) = p["geometry"], p["heads"]
     seed = seed_of(_grid_id(p))

@@ -7,7 +7,7 @@
 // shapes (docs/PERFORMANCE.md section 10 has their measurements):
 //   decode, up to kRowsPerCtaMinRows rows: one row and a 128-thread chunk per CTA (one item per thread; only
 //     chunks holding K or V items follow the index chain);
-//   prefill, 16-byte aligned inputs: rope_append_rows_kernel, kRowsPerCta rows of one chunk per CTA, the inputs
+//   prefill, 16-byte aligned inputs: rope_append_rows_kernel, 2 or 4 rows of one chunk per CTA, the inputs
 //     staged in shared memory by cp.async so that more bytes are in flight than registers could hold;
 //   one CTA per row (span = all items, up to 1024 threads): the test hook's "oneshot", and rows of more than
 //     65535 chunks.
@@ -32,11 +32,14 @@ constexpr uint32_t kLanes = 32;
 constexpr uint32_t kMaxThreads = 1024;
 constexpr uint32_t kChunkThreads = 128;
 constexpr uint32_t kMaxChunks = 65535;  // gridDim.y
-constexpr int kRowsPerCta = 4;          // the prefill shape's rows per CTA (rope_append_rows_kernel)
 constexpr int64_t kRowsPerCtaMinRows = 1024;
 constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
 
 using namespace rope_unit;
+
+// The prefill shape's rows per CTA (rope_append_rows_kernel): 2 for the common shape with 16-bit Q, 4 otherwise
+// (docs/PERFORMANCE.md section 10).
+__host__ __device__ constexpr int rows_per_cta(Shape shape) { return shape == Shape::kCommonQ16 ? 2 : 4; }
 
 template <bool kBF16, Pairs kPairs>
 __global__ void __launch_bounds__(kMaxThreads)
@@ -73,7 +76,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   uint32_t w[kWordsPerUnit] = {};
   Head h = head_of(p, (first_item + threadIdx.x) >> a.group_shift);
   bool active = first_item + threadIdx.x < a.items && has_unit && (!h.is_q || write_q);
-  if (active) load_item(p, a, row, h, unit, w);
+  if (active) load_item<Shape::kAny>(p, a, row, h, unit, w);
   const float q_inverse = p.q_out_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
   const bool in_table = position >= 0 && position < p.max_pos;
   append_kernel::Target target{0, 0, false};
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       active = item < a.items && has_unit && (!h.is_q || write_q);
 #pragma unroll
       for (int k = 0; k < 8; ++k) w[k] = 0;
-      if (active) load_item(p, a, row, h, unit, w);
+      if (active) load_item<Shape::kAny>(p, a, row, h, unit, w);
     }
     // Partner values (whole-warp operations: every lane takes part in every iteration).
     uint32_t partner[kWordsPerUnit] = {};
@@ -108,7 +111,8 @@ __global__ void __launch_bounds__(kMaxThreads)
                      partner);
     }
     if (active)
-      write_item<kBF16, kPairs>(p, a, table, in_table, row, h, unit, w, partner, target, placed, q_scale, q_inverse);
+      write_item<kBF16, kPairs, Shape::kAny>(p, a, table, in_table, row, h, unit, w, partner, target, placed, q_scale,
+                                             q_inverse);
   }
 }
 
@@ -120,18 +124,19 @@ __device__ __forceinline__ void copy16_async(void* shared, const void* global) {
 
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Prefill shape: CTA (group of kRowsPerCta rows, 128-thread chunk) with 16-byte aligned inputs. Each thread's unit
+// Prefill shape: CTA (group of kRows rows, 128-thread chunk) with 16-byte aligned inputs. Each thread's unit
 // of every row of the group goes to shared memory by cp.async (bytes in flight without registers held), the rows'
-// positions and table rows are loaded once for all of them, and lane r < kRowsPerCta of the last warp follows row
+// positions and table rows are loaded once for all of them, and lane r < kRows of the last warp follows row
 // r's index chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are read
 // from the staged units.
-template <bool kBF16, Pairs kPairs>
+template <bool kBF16, Pairs kPairs, Shape kShape>
 __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
     rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
-  __shared__ __align__(16) uint32_t units[kRowsPerCta][kChunkThreads][kWordsPerUnit];
-  extern __shared__ __align__(16) float tables[];  // kRowsPerCta rows of table_columns(R)
-  __shared__ append_kernel::Target targets[kRowsPerCta];
-  const int64_t row0 = int64_t(blockIdx.x) * kRowsPerCta;
+  constexpr int kRows = rows_per_cta(kShape);
+  __shared__ __align__(16) uint32_t units[kRows][kChunkThreads][kWordsPerUnit];
+  extern __shared__ __align__(16) float tables[];  // kRows rows of table_columns(R)
+  __shared__ append_kernel::Target targets[kRows];
+  const int64_t row0 = int64_t(blockIdx.x) * kRows;
   const uint32_t group = 1u << a.group_shift;
   const uint32_t unit = threadIdx.x & (group - 1);
   const uint32_t item = blockIdx.y * a.span + threadIdx.x;
@@ -142,12 +147,14 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
   programmatic_launch::allow_next_kernel();
 
   const AppendParams& ap = p.append;
-  const float q_scale = p.q_out_fp8 ? rope_q_scale(p) : 1.0f;
-  const bool write_q = !p.q_out_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
-  const bool active = item < a.items && unit < uint32_t(ap.head_dim / codec::kBlockSize) && (!h.is_q || write_q);
-  int64_t positions[kRowsPerCta];
+  const bool q_fp8 = q_out_fp8<kShape>(p);
+  const float q_scale = q_fp8 ? rope_q_scale(p) : 1.0f;
+  const bool write_q = !q_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
+  const bool active =
+      item < a.items && (common(kShape) || unit < uint32_t(ap.head_dim / codec::kBlockSize)) && (!h.is_q || write_q);
+  int64_t positions[kRows];
 #pragma unroll
-  for (int r = 0; r < kRowsPerCta; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     const int64_t row = row0 + r;
     positions[r] = row < p.rows ? p.rope_positions[row] : -1;
     if (active && row < p.rows) {
@@ -156,12 +163,12 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
       copy16_async(&units[r][threadIdx.x][4], source + 8);
     }
   }
-  // The index chain (three dependent loads) runs in the last warp's lanes 0 .. kRowsPerCta - 1 and the table
+  // The index chain (three dependent loads) runs in the last warp's lanes 0 .. kRows - 1 and the table
   // staging (the position's load, then the table row's) in the other warps, so that the two chains overlap; a
   // CTA of one warp does both in turn.
-  const uint32_t chain_lane = threadIdx.x - (blockDim.x - kLanes);  // wraps to >= kRowsPerCta outside that warp
+  const uint32_t chain_lane = threadIdx.x - (blockDim.x - kLanes);  // wraps to >= kRows outside that warp
   const uint32_t stagers = has_kv_items && blockDim.x > kLanes ? blockDim.x - kLanes : blockDim.x;
-  if (chain_lane < kRowsPerCta) {  // row r's cache target, for every thread of the CTA (used if in the table)
+  if (chain_lane < kRows) {  // row r's cache target, for every thread of the CTA (used if in the table)
     const int64_t row = row0 + chain_lane;
     append_kernel::Target t{0, 0, false};
     if (has_kv_items && row < a.placeable_rows) {
@@ -174,14 +181,14 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
   const int columns = table_columns(p.rotary_dim);
   uint32_t in_table_rows = 0;  // bit r: row r's position lies in the table
 #pragma unroll
-  for (int r = 0; r < kRowsPerCta; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     const bool in_table = positions[r] >= 0 && positions[r] < p.max_pos;
     in_table_rows |= uint32_t(in_table) << r;
     const void* source = rope_table_row(p, in_table ? positions[r] : 0);
     for (uint32_t j = threadIdx.x; j < uint32_t(columns) && threadIdx.x < stagers; j += stagers)
       tables[r * columns + j] = in_table && j < p.rotary_dim ? rope::table_value(source, j, p.cos_sin_type) : 0.0f;
   }
-  const float q_inverse = p.q_out_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
+  const float q_inverse = q_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
   wait_async_copies();
   __syncthreads();
   if (!active) return;
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
   const int64_t half = p.rotary_dim / 2;
   const uint32_t unit_shift = uint32_t(half / 16);
   const uint32_t head_base = threadIdx.x - unit;
-  for (int r = 0; r < kRowsPerCta && row0 + r < p.rows; ++r) {
+  for (int r = 0; r < kRows && row0 + r < p.rows; ++r) {
     uint32_t w[kWordsPerUnit], partner[kWordsPerUnit] = {};
 #pragma unroll
     for (int k = 0; k < 8; ++k) w[k] = units[r][threadIdx.x][k];
@@ -202,8 +209,8 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
     }
     const bool in_table = (in_table_rows >> r) & 1u;
     const append_kernel::Target t = targets[r];
-    write_item<kBF16, kPairs>(p, a, tables + r * columns, in_table, row0 + r, h, unit, w, partner, t, t.ok && in_table,
-                              q_scale, q_inverse);
+    write_item<kBF16, kPairs, kShape>(p, a, tables + r * columns, in_table, row0 + r, h, unit, w, partner, t,
+                                      t.ok && in_table, q_scale, q_inverse);
   }
 }
 
@@ -217,13 +224,24 @@ bool aligned8(const CacheView& c) {
          c.head_stride % 8 == 0;
 }
 
-template <bool kBF16, Pairs kPairs>
+template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny>
 cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& a, uint32_t threads, cudaStream_t stream,
                         bool programmatic) {
-  const dim3 grid(uint32_t((p.rows + kRowsPerCta - 1) / kRowsPerCta), (a.items + a.span - 1) / a.span), block(threads);
-  const size_t table_bytes = kRowsPerCta * table_columns(p.rotary_dim) * sizeof(float);
-  return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs>, grid, block, table_bytes,
-                                                 stream, programmatic, p, a);
+  constexpr int kRows = rows_per_cta(kShape);
+  const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(threads);
+  const size_t table_bytes = kRows * table_columns(p.rotary_dim) * sizeof(float);
+  return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape>, grid, block,
+                                                 table_bytes, stream, programmatic, p, a);
+}
+
+// The common shape (Llama-like calls), which has its own prefill instances: NeoX pairs over the whole head, a
+// power-of-two number of units per head, no k_out, the plain recipe, 16-byte Q/K/V loads and Q stores, 8-byte
+// cache stores. (A common instance of the decode kernel was slower: docs/PERFORMANCE.md section 10.)
+bool common_shape(const RopeParams& p, const RopeLaunch& a, Pairs pairs) {
+  const uint32_t units = uint32_t(p.append.head_dim / codec::kBlockSize);
+  return pairs == Pairs::kNeoxAligned && p.rotary_dim == p.append.head_dim && (1u << a.group_shift) == units &&
+         p.k_out.data == nullptr && !p.append.four_over_six && a.query16 && a.key16 && a.value16 && a.q_out16 &&
+         a.cache_store8;
 }
 
 template <bool kBF16>
@@ -231,6 +249,12 @@ cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, 
                          cudaStream_t stream) {
   const bool programmatic = programmatic_launch::enabled_on_current_device();
   if (rows_per_cta) {
+    if (common_shape(p, a, pairs) && p.q_out_fp8) {
+      return launch_rows<kBF16, Pairs::kNeoxAligned, Shape::kCommonQFp8>(p, a, threads, stream, programmatic);
+    }
+    if (common_shape(p, a, pairs)) {
+      return launch_rows<kBF16, Pairs::kNeoxAligned, Shape::kCommonQ16>(p, a, threads, stream, programmatic);
+    }
     switch (pairs) {
       case Pairs::kGptJ: return launch_rows<kBF16, Pairs::kGptJ>(p, a, threads, stream, programmatic);
       case Pairs::kNeoxAligned: return launch_rows<kBF16, Pairs::kNeoxAligned>(p, a, threads, stream, programmatic);

@@ -39,6 +39,18 @@ __host__ __device__ inline int table_columns(int64_t rotary_dim) { return int(ro
 
 enum class Pairs { kGptJ, kNeoxAligned, kNeoxStaged };
 
+// The calls an instance serves: any, or the common shape with 16-bit or FP8 Q out (NeoX pairs over the whole
+// head, no k_out, the plain recipe, vector loads and stores: the launcher's common_shape), whose instances carry
+// none of the other shapes' branches.
+enum class Shape { kAny, kCommonQ16, kCommonQFp8 };
+
+__host__ __device__ constexpr bool common(Shape s) { return s != Shape::kAny; }
+
+template <Shape kShape>
+__device__ __forceinline__ bool q_out_fp8(const RopeParams& p) {
+  return kShape == Shape::kCommonQFp8 || (kShape == Shape::kAny && p.q_out_fp8);
+}
+
 // Per-call choices made on the host. page_size, quotient_limit and speculate_batch are what index_chain.cuh reads.
 struct RopeLaunch {
   append_kernel::Divisor page_size;  // position or slot -> page, for values below quotient_limit
@@ -183,7 +195,7 @@ __device__ __forceinline__ void staged_partner(const RopeParams& p, int64_t half
 // The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
 // `partner` (NeoX) or the other half of its own word (GPT-J). A unit wholly below R (the common case) rounds two
 // values per conversion and canonicalises NaNs (rope_rotation.h) only when one of the 16 is one.
-template <bool kBF16, Pairs kPairs>
+template <bool kBF16, Pairs kPairs, Shape kShape>
 __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* row, uint32_t unit,
                                             const uint32_t (&w)[kWordsPerUnit],
                                             const uint32_t (&partner)[kWordsPerUnit], uint32_t (&out)[kWordsPerUnit]) {
@@ -197,7 +209,7 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* ro
 #pragma unroll
     for (int k = 0; k < 8; ++k) other[k] = partner[k];
   }
-  if (rotated >= 16) {
+  if (common(kShape) || rotated >= 16) {
     uint32_t nans = 0;
 #pragma unroll
     for (int k0 = 0; k0 < 16; k0 += 4) {
@@ -266,10 +278,10 @@ __device__ __noinline__ Block quantize_unit_four_over_six(uint4 lo, uint4 hi, fl
 }
 
 // The NVFP4 block of one unit with the call's recipe.
-template <bool kBF16>
+template <bool kBF16, Shape kShape>
 __device__ __forceinline__ Block quantize_unit(const RopeParams& p, const uint32_t (&w)[kWordsPerUnit], float s,
                                                float inverse) {
-  if (p.append.four_over_six) {
+  if (!common(kShape) && p.append.four_over_six) {
     return quantize_unit_four_over_six<kBF16>(make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7]),
                                               s);
   }
@@ -282,11 +294,12 @@ __device__ __forceinline__ Block quantize_unit(const RopeParams& p, const uint32
   return b;
 }
 
+template <Shape kShape>
 __device__ __forceinline__ void store_block(const RopeLaunch& a, const CacheView& data_view, const CacheView& scales,
                                             bool trtllm, int64_t page, int64_t entry, int64_t head, uint32_t unit,
                                             int64_t blocks, uint8_t sf, uint2 data) {
   uint8_t* dst = data_view.at(page, entry, head) + unit * codec::kBlockBytes;
-  if (a.cache_store8) {
+  if (common(kShape) || a.cache_store8) {
     *reinterpret_cast<uint2*>(dst) = data;
   } else {
 #pragma unroll
@@ -320,19 +333,20 @@ __device__ __forceinline__ const uint16_t* item_source(const RopeParams& p, int6
   return ap.value.data + row * ap.value.row_stride + h.kv_head * ap.value.head_stride + unit * 16;
 }
 
+template <Shape kShape>
 __device__ __forceinline__ void load_item(const RopeParams& p, const RopeLaunch& a, int64_t row, const Head& h,
                                           uint32_t unit, uint32_t (&w)[kWordsPerUnit]) {
   if (h.is_q) {
-    load_unit_plain(item_source(p, row, h, unit), a.query16, w);
+    load_unit_plain(item_source(p, row, h, unit), common(kShape) || a.query16, w);
   } else if (h.is_k) {
-    load_unit(item_source(p, row, h, unit), a.key16, w);
+    load_unit(item_source(p, row, h, unit), common(kShape) || a.key16, w);
   } else {
-    load_unit(item_source(p, row, h, unit), a.value16, w);
+    load_unit(item_source(p, row, h, unit), common(kShape) || a.value16, w);
   }
 }
 
 // Q to q_out, or K to k_out and the cache, or V to the cache: one head's unit after its partner exchange.
-template <bool kBF16, Pairs kPairs>
+template <bool kBF16, Pairs kPairs, Shape kShape>
 __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const float* table, bool in_table,
                                            int64_t row, const Head& h, uint32_t unit,
                                            const uint32_t (&w)[kWordsPerUnit], const uint32_t (&partner)[kWordsPerUnit],
@@ -347,13 +361,13 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
 #pragma unroll
     for (int k = 0; k < 8; ++k) out[k] = w[k];
   } else {
-    rotate_unit<kBF16, kPairs>(p, table, unit, w, partner, out);
+    rotate_unit<kBF16, kPairs, kShape>(p, table, unit, w, partner, out);
   }
   if (h.is_q) {
-    if (!p.q_out_fp8) {
+    if (!q_out_fp8<kShape>(p)) {
       store_unit16(
           static_cast<uint16_t*>(p.q_out.data) + row * p.q_out.row_stride + h.index * p.q_out.head_stride + unit * 16,
-          a.q_out16, out);
+          common(kShape) || a.q_out16, out);
       return;
     }
     uint32_t bytes[4];  // values 4k .. 4k + 3 in bytes[k], two per conversion
@@ -377,7 +391,7 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
     }
     return;
   }
-  if (h.is_k && p.k_out.data != nullptr) {
+  if (!common(kShape) && h.is_k && p.k_out.data != nullptr) {
     store_unit16(
         static_cast<uint16_t*>(p.k_out.data) + row * p.k_out.row_stride + h.kv_head * p.k_out.head_stride + unit * 16,
         a.k_out16, out);
@@ -385,13 +399,14 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
   if (!placed || !append_kernel::finish_target(ap, t)) return;
   const float s = global_scale(ap, !h.is_k);
   if (!usable_global_scale(s)) return;  // a bad device scale leaves those rows untouched
-  const Block b = quantize_unit<kBF16>(p, out, s, block_quantizer::division_inverse(codec::kE2M1MaxValue * s));
+  const Block b = quantize_unit<kBF16, kShape>(p, out, s, block_quantizer::division_inverse(codec::kE2M1MaxValue * s));
   const int64_t units = ap.head_dim / codec::kBlockSize;
   if (h.is_k) {
-    store_block(a, ap.k_data, ap.k_scales, false, t.page, t.entry, h.kv_head, unit, units, uint8_t(b.sf), b.data);
+    store_block<kShape>(a, ap.k_data, ap.k_scales, false, t.page, t.entry, h.kv_head, unit, units, uint8_t(b.sf),
+                        b.data);
   } else {
-    store_block(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, t.page, t.entry, h.kv_head, unit, units, uint8_t(b.sf),
-                b.data);
+    store_block<kShape>(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, t.page, t.entry, h.kv_head, unit, units,
+                        uint8_t(b.sf), b.data);
   }
 }
 
