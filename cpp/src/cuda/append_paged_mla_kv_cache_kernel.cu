@@ -12,9 +12,9 @@
 //     lane's inputs, the row's level-1 index loads and the device scales go out together; the chain
 //     (index_chain.cuh) runs up to the page id's load, and the entry's offset terms and the quantizing
 //     run while that is in flight: the page id stays as loaded (PendingTarget) until the stores.
-//   chain kernel (larger calls: prefill): CTAs of 32 rows and 9 warps. Warp 0 resolves the 32 rows'
+//   chain kernel (larger calls: prefill): CTAs of 16 rows and 9 warps. Warp 0 resolves the 16 rows'
 //     targets, one per lane, into byte offsets of each row's parts in the caches, and publishes them
-//     through a named barrier; warps 1-8 load the inputs of 4 rows each at once (4 rows' loads in flight
+//     through a named barrier; warps 1-8 load the inputs of 2 rows each at once (2 rows' loads in flight
 //     per lane), quantize them (the block reciprocals from a table of the ckv scale that the CTA fills),
 //     then wait for the offsets and store.
 //
@@ -48,8 +48,8 @@ using append_kernel::Target;
 
 constexpr uint32_t kLanes = 32;
 constexpr uint32_t kRowKernelWarps = 4;  // rows per CTA of the row kernel
-constexpr uint32_t kChainRows = kLanes;  // rows per CTA of the chain kernel: one per chain lane
-constexpr uint32_t kRowsPerWarp = 4;     // chain kernel: rows per quantizing warp
+constexpr uint32_t kChainRows = 16;      // rows per CTA of the chain kernel: one per chain lane
+constexpr uint32_t kRowsPerWarp = 2;     // chain kernel: rows per quantizing warp
 constexpr uint32_t kQuantizingWarps = kChainRows / kRowsPerWarp;
 constexpr uint32_t kChainKernelThreads = (kQuantizingWarps + 1) * kLanes;  // warp 0: the chain
 
@@ -299,9 +299,10 @@ __global__ void __launch_bounds__(kRowKernelWarps* kLanes)
 constexpr uint32_t kTargetsReady = 1;
 constexpr uint32_t kTableReady = 2;
 
-// The common shape at 4 CTAs per SM (56 registers, no spills on sm_90): 16384 rows are one wave of 512 CTAs on 132 SMs.
+// The common shape at 5 CTAs per SM (40 registers; no spills on sm_80-90, 4-8 bytes on sm_100 / sm_120): more,
+// shorter CTAs in flight per SM.
 template <bool kBF16, typename Index, bool kCommon>
-__global__ void __launch_bounds__(kChainKernelThreads, kCommon ? 4 : 3)  // 56 / 72 registers
+__global__ void __launch_bounds__(kChainKernelThreads, kCommon ? 5 : 3)  // 40 / 72 registers
     append_mla_chain_kernel(const __grid_constant__ MlaParams p, const __grid_constant__ MlaLaunch a) {
   __shared__ RowOutputs outputs[kChainRows];
   __shared__ float reciprocal[block_quantizer::kReciprocalTableSize];
@@ -312,12 +313,12 @@ __global__ void __launch_bounds__(kChainKernelThreads, kCommon ? 4 : 3)  // 56 /
   if (warp == 0) {
     const int64_t row = cta_row + lane;
     RowOutputs o{};
-    if (row < p.nnz) {
+    if (lane < kChainRows && row < p.nnz) {
       const Target t =
           append_kernel::start_target<Index, true>(p, a, row, append_kernel::load_row_indices<Index>(p, a, row));
       o = row_outputs(p, t, entry_offsets(p, t.entry), mla_ckv_scale(p), mla_kpe_scale(p));
     }
-    outputs[lane] = o;
+    if (lane < kChainRows) outputs[lane] = o;
     named_barrier_arrive<kTargetsReady, kChainKernelThreads>();
     return;
   }
