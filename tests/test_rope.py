@@ -151,24 +151,27 @@ def test_matches_reference(params, device):
 
 
 @pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
-@pytest.mark.parametrize("forced_kernel_mode", ["oneshot", "pair"], indirect=True)
+@pytest.mark.parametrize("forced_kernel_mode", ["oneshot", "split", "pair"], indirect=True)
 @pytest.mark.parametrize("params", GRID, ids=[_grid_id(p) for p in GRID])
 def test_other_cuda_kernel_shapes_match_reference(params, forced_kernel_mode):
-    """The CUDA kernel's other shapes on the same grid (the grid's calls are small: the automatic choice is a
-    128-thread chunk of one row per CTA): one CTA per row ("oneshot"), and the prefill shape, chunks of four
-    rows staged in shared memory ("pair"; calls whose inputs are not 16-byte aligned keep one row per CTA)."""
+    """The CUDA kernels' other shapes on the same grid (the grid's calls are small: the automatic choice is a
+    128-thread chunk of one row per CTA, in the rows kernel for the common shape and in the decode kernel
+    otherwise): one CTA per row ("oneshot"), the decode kernel for every shape ("split"), and the prefill shape,
+    chunks of 2-4 rows staged in shared memory ("pair"; calls whose inputs are not 16-byte aligned keep one row
+    per CTA)."""
     _assert_grid_case_matches(params, "cuda")
 
 
 @pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
-@pytest.mark.parametrize("forced_kernel_mode", ["pair"], indirect=True)
+@pytest.mark.parametrize("forced_kernel_mode", ["auto", "pair"], indirect=True)
 @pytest.mark.parametrize("q_mode", Q_MODES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_common_shape_prefill_instances_match_reference(head_dim, dtype, q_mode, forced_kernel_mode):
-    """The prefill shape's own instances for the common (Llama-like) calls: NeoX pairs over the whole head, no
-    k_out, the plain recipe, packed 16-byte aligned inputs; 16-bit and FP8 Q, special values, positions outside
-    the table, both V-scale layouts and both index variants."""
+def test_common_shape_instances_match_reference(head_dim, dtype, q_mode, forced_kernel_mode):
+    """The rows kernel's own instances for the common (Llama-like) calls, one row per CTA at this small size
+    ("auto") and several ("pair"): NeoX pairs over the whole head, no k_out, the plain recipe, packed 16-byte
+    aligned inputs; 16-bit and FP8 Q, special values, positions outside the table, both V-scale layouts and both
+    index variants."""
     case = make_rope_case(head_dim=head_dim, dtype=dtype, packed=True, special_values=True,
                           seed=seed_of("common shape", head_dim, str(dtype), q_mode))  # fmt: skip
     assert_rope_matches(case, "cuda", q_mode=q_mode, slots=head_dim == 128,

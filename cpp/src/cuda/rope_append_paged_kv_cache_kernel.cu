@@ -8,7 +8,8 @@
 //   decode, up to kRowsPerCtaMinRows rows: one row and a 128-thread chunk per CTA (one item per thread; only
 //     chunks holding K or V items follow the index chain);
 //   prefill, 16-byte aligned inputs: rope_append_rows_kernel, 2 or 4 rows of one chunk per CTA, the inputs
-//     staged in shared memory by cp.async so that more bytes are in flight than registers could hold;
+//     staged in shared memory by cp.async so that more bytes are in flight than registers could hold; the
+//     common shape (common_shape below) takes this kernel at decode sizes too, with one row per CTA;
 //   one CTA per row (span = all items, up to 1024 threads): the test hook's "oneshot", and rows of more than
 //     65535 chunks.
 // Every CTA stages its rows' cos/sin table rows in shared memory as float32 (one load per column).
@@ -36,10 +37,6 @@ constexpr int64_t kRowsPerCtaMinRows = 1024;
 constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
 
 using namespace rope_unit;
-
-// The prefill shape's rows per CTA (rope_append_rows_kernel): 2 for the common shape with 16-bit Q, 4 otherwise
-// (docs/PERFORMANCE.md section 10).
-__host__ __device__ constexpr int rows_per_cta(Shape shape) { return shape == Shape::kCommonQ16 ? 2 : 4; }
 
 template <bool kBF16, Pairs kPairs>
 __global__ void __launch_bounds__(kMaxThreads)
@@ -129,10 +126,9 @@ __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wai
 // positions and table rows are loaded once for all of them, and lane r < kRows of the last warp follows row
 // r's index chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are read
 // from the staged units.
-template <bool kBF16, Pairs kPairs, Shape kShape>
+template <bool kBF16, Pairs kPairs, Shape kShape, int kRows>
 __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
     rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
-  constexpr int kRows = rows_per_cta(kShape);
   __shared__ __align__(16) uint32_t units[kRows][kChunkThreads][kWordsPerUnit];
   extern __shared__ __align__(16) float tables[];  // kRows rows of table_columns(R)
   __shared__ append_kernel::Target targets[kRows];
@@ -224,19 +220,18 @@ bool aligned8(const CacheView& c) {
          c.head_stride % 8 == 0;
 }
 
-template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny>
+template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4>
 cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& a, uint32_t threads, cudaStream_t stream,
                         bool programmatic) {
-  constexpr int kRows = rows_per_cta(kShape);
   const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(threads);
   const size_t table_bytes = kRows * table_columns(p.rotary_dim) * sizeof(float);
-  return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape>, grid, block,
+  return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape, kRows>, grid, block,
                                                  table_bytes, stream, programmatic, p, a);
 }
 
-// The common shape (Llama-like calls), which has its own prefill instances: NeoX pairs over the whole head, a
-// power-of-two number of units per head, no k_out, the plain recipe, 16-byte Q/K/V loads and Q stores, 8-byte
-// cache stores. (A common instance of the decode kernel was slower: docs/PERFORMANCE.md section 10.)
+// The common shape (Llama-like calls), which has its own instances of the rows kernel: NeoX pairs over the whole
+// head, a power-of-two number of units per head, no k_out, the plain recipe, 16-byte Q/K/V loads and Q stores,
+// 8-byte cache stores.
 bool common_shape(const RopeParams& p, const RopeLaunch& a, Pairs pairs) {
   const uint32_t units = uint32_t(p.append.head_dim / codec::kBlockSize);
   return pairs == Pairs::kNeoxAligned && p.rotary_dim == p.append.head_dim && (1u << a.group_shift) == units &&
@@ -244,17 +239,29 @@ bool common_shape(const RopeParams& p, const RopeLaunch& a, Pairs pairs) {
          a.cache_store8;
 }
 
+// Rows per CTA (docs/PERFORMANCE.md section 10): the common shape takes the rows kernel at every size, one row
+// per CTA below kRowsPerCtaMinRows rows (faster than the decode kernel there), and from there on 2 with 16-bit Q
+// and 4 with FP8 Q (whose CTAs do more arithmetic per row); other shapes take 4 from kRowsPerCtaMinRows on.
 template <bool kBF16>
-cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, uint32_t threads, bool rows_per_cta,
-                         cudaStream_t stream) {
+cudaError_t launch_common(const RopeParams& p, const RopeLaunch& a, uint32_t threads, bool rows_per_cta,
+                          cudaStream_t stream, bool programmatic) {
+  constexpr Pairs kNeox = Pairs::kNeoxAligned;
+  if (p.q_out_fp8) {
+    return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 4>(p, a, threads, stream, programmatic)
+                        : launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 1>(p, a, threads, stream, programmatic);
+  }
+  return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQ16, 2>(p, a, threads, stream, programmatic)
+                      : launch_rows<kBF16, kNeox, Shape::kCommonQ16, 1>(p, a, threads, stream, programmatic);
+}
+
+template <bool kBF16>
+cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, uint32_t threads, bool aligned_chunks,
+                         bool rows_per_cta, cudaStream_t stream) {
   const bool programmatic = programmatic_launch::enabled_on_current_device();
+  if (aligned_chunks && common_shape(p, a, pairs)) {
+    return launch_common<kBF16>(p, a, threads, rows_per_cta, stream, programmatic);
+  }
   if (rows_per_cta) {
-    if (common_shape(p, a, pairs) && p.q_out_fp8) {
-      return launch_rows<kBF16, Pairs::kNeoxAligned, Shape::kCommonQFp8>(p, a, threads, stream, programmatic);
-    }
-    if (common_shape(p, a, pairs)) {
-      return launch_rows<kBF16, Pairs::kNeoxAligned, Shape::kCommonQ16>(p, a, threads, stream, programmatic);
-    }
     switch (pairs) {
       case Pairs::kGptJ: return launch_rows<kBF16, Pairs::kGptJ>(p, a, threads, stream, programmatic);
       case Pairs::kNeoxAligned: return launch_rows<kBF16, Pairs::kNeoxAligned>(p, a, threads, stream, programmatic);
@@ -317,14 +324,15 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
   a.cache_store8 = aligned8(p.append.k_data) && aligned8(p.append.v_data);
   const int64_t half = p.rotary_dim / 2;
   const Pairs pairs = !p.neox ? Pairs::kGptJ : half % 16 == 0 ? Pairs::kNeoxAligned : Pairs::kNeoxStaged;
-  // The prefill shape: chunks with 16-byte aligned inputs, from kRowsPerCtaMinRows rows on ("pair" forces it,
-  // "split" keeps one row per CTA).
+  // The rows kernel takes chunks with 16-byte aligned inputs ("split" keeps the decode kernel): several rows per
+  // CTA from kRowsPerCtaMinRows rows on ("pair" forces it), one below (common shape only).
   const int forced = kernel_mode::forced();
-  const bool rows_per_cta = chunked && a.query16 && a.key16 && a.value16 && forced != kernel_mode::kForceSplit &&
-                            (forced == kernel_mode::kForcePair || p.rows >= kRowsPerCtaMinRows);
+  const bool aligned_chunks = chunked && a.query16 && a.key16 && a.value16 && forced != kernel_mode::kForceSplit;
+  const bool rows_per_cta = aligned_chunks && (forced == kernel_mode::kForcePair || p.rows >= kRowsPerCtaMinRows);
   const auto s = static_cast<cudaStream_t>(stream);
-  const cudaError_t error = p.append.input_is_bf16 ? launch_pairs<true>(p, a, pairs, threads, rows_per_cta, s)
-                                                   : launch_pairs<false>(p, a, pairs, threads, rows_per_cta, s);
+  const cudaError_t error = p.append.input_is_bf16
+                                ? launch_pairs<true>(p, a, pairs, threads, aligned_chunks, rows_per_cta, s)
+                                : launch_pairs<false>(p, a, pairs, threads, aligned_chunks, rows_per_cta, s);
   if (error != cudaSuccess) *error_string = cudaGetErrorString(error);
   return int(error);
 }
