@@ -1,7 +1,8 @@
 // Which kernel an aligned append call runs: chosen from the call's size, or forced by a test hook so
 // that one process can check every kernel mode's bytes (tests/test_cuda.py, tests/test_mla.py). Not a
 // user setting. The MLA latent append reads it too: "split" forces its row kernel, "pair" its chain kernel; the
-// fused RoPE append: "oneshot" forces one CTA per row instead of CTAs of 128-thread chunks of a row.
+// fused RoPE append: "oneshot" forces one CTA per row instead of CTAs of 128-thread chunks of a row, "split" its
+// decode kernel, "pair" its rows kernel with 2-4 rows per CTA.
 #pragma once
 
 #include <atomic>

@@ -5,8 +5,8 @@
 // item = head * G + unit over the row's heads Q [0, Hq), K [Hq, Hq + Hkv), V [Hq + Hkv, Hq + 2 Hkv). A CTA takes
 // the items [chunk * span, (chunk + 1) * span) of its rows, thread t items t, t + threads, ... of them. Three
 // shapes (docs/PERFORMANCE.md section 10 has their measurements):
-//   decode, up to kRowsPerCtaMinRows rows: one row and a 128-thread chunk per CTA (one item per thread; only
-//     chunks holding K or V items follow the index chain);
+//   decode (rope_append_kernel), shapes other than the common one up to kRowsPerCtaMinRows rows: one row and a
+//     128-thread chunk per CTA (one item per thread; only chunks holding K or V items follow the index chain);
 //   prefill, 16-byte aligned inputs: rope_append_rows_kernel, 2 or 4 rows of one chunk per CTA, the inputs
 //     staged in shared memory by cp.async so that more bytes are in flight than registers could hold; the
 //     common shape (common_shape below) takes this kernel at decode sizes too, with one row per CTA;
