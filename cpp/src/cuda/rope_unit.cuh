@@ -238,21 +238,23 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* ro
     }
     return;
   }
+  if constexpr (!common(kShape)) {  // a unit that R ends in or lies beyond (never in the common shape)
 #pragma unroll
-  for (int k0 = 0; k0 < 16; k0 += 4) {  // fully unrolled, no early exit: w and out stay in registers
-    Quad q{};
-    if (k0 < rotated) q = table_quad<kPairs>(p, row, unit, k0);
+    for (int k0 = 0; k0 < 16; k0 += 4) {  // fully unrolled, no early exit: w and out stay in registers
+      Quad q{};
+      if (k0 < rotated) q = table_quad<kPairs>(p, row, unit, k0);
 #pragma unroll
-    for (int k = k0; k < k0 + 4; ++k) {
-      const uint32_t bits = half_of(w, k);
-      const uint32_t x_bits = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : half_of(other, k);
-      const float v = widen<kBF16>(bits), x = widen<kBF16>(x_bits);
-      const uint32_t turned = round16<kBF16>(__fadd_rn(__fmul_rn(v, q.c[k - k0]), __fmul_rn(x, q.s[k - k0])));
-      const uint32_t result = k < rotated ? turned : bits;  // beyond R: a bit copy
-      if (k % 2 == 0) {
-        out[k / 2] = result;
-      } else {
-        out[k / 2] |= result << 16;
+      for (int k = k0; k < k0 + 4; ++k) {
+        const uint32_t bits = half_of(w, k);
+        const uint32_t x_bits = kPairs == Pairs::kGptJ ? half_of(w, k ^ 1) : half_of(other, k);
+        const float v = widen<kBF16>(bits), x = widen<kBF16>(x_bits);
+        const uint32_t turned = round16<kBF16>(__fadd_rn(__fmul_rn(v, q.c[k - k0]), __fmul_rn(x, q.s[k - k0])));
+        const uint32_t result = k < rotated ? turned : bits;  // beyond R: a bit copy
+        if (k % 2 == 0) {
+          out[k / 2] = result;
+        } else {
+          out[k / 2] |= result << 16;
+        }
       }
     }
   }
