@@ -162,18 +162,29 @@ def test_other_cuda_kernel_shapes_match_reference(params, forced_kernel_mode):
     _assert_grid_case_matches(params, "cuda")
 
 
+# (cache index dtype, RoPE position dtype): the kernels read one type throughout, or a mix.
+INDEX_DTYPES = {
+    "i32": (torch.int32, torch.int32),
+    "i64": (torch.int64, torch.int64),
+    "mixed": (torch.int32, torch.int64),
+}
+
+
 @pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
 @pytest.mark.parametrize("forced_kernel_mode", ["auto", "pair"], indirect=True)
+@pytest.mark.parametrize("indices", INDEX_DTYPES)
 @pytest.mark.parametrize("q_mode", Q_MODES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_common_shape_instances_match_reference(head_dim, dtype, q_mode, forced_kernel_mode):
+def test_common_shape_instances_match_reference(head_dim, dtype, q_mode, indices, forced_kernel_mode):
     """The rows kernel's own instances for the common (Llama-like) calls, one row per CTA at this small size
     ("auto") and several ("pair"): NeoX pairs over the whole head, no k_out, the plain recipe, packed 16-byte
-    aligned inputs; 16-bit and FP8 Q, special values, positions outside the table, both V-scale layouts and both
-    index variants."""
-    case = make_rope_case(head_dim=head_dim, dtype=dtype, packed=True, special_values=True,
-                          seed=seed_of("common shape", head_dim, str(dtype), q_mode))  # fmt: skip
+    aligned inputs; 16-bit and FP8 Q, special values, positions outside the table, both V-scale layouts, both
+    index variants and the index dtypes each instance is built for."""
+    index_dtype, rope_index_dtype = INDEX_DTYPES[indices]
+    case = make_rope_case(head_dim=head_dim, dtype=dtype, packed=True, special_values=True, index_dtype=index_dtype,
+                          rope_index_dtype=rope_index_dtype,
+                          seed=seed_of("common shape", head_dim, str(dtype), q_mode, indices))  # fmt: skip
     assert_rope_matches(case, "cuda", q_mode=q_mode, slots=head_dim == 128,
                         v_sf_layout="trtllm" if dtype == torch.float16 else "linear")  # fmt: skip
 
@@ -656,11 +667,14 @@ def test_compiled_op_writes_caches_and_q_out_in_place():
     assert "copy_" not in code and "clone" not in code, code
 
 
+@pytest.mark.parametrize("indices", INDEX_DTYPES)
 @pytest.mark.parametrize("slots", [False, True], ids=["page_table", "slots"])
-def test_bad_index_data_skips_those_rows(slots, device):
+def test_bad_index_data_skips_those_rows(slots, indices, device):
     """Index values are device data: rows whose batch index, position, page slot, page id or flat slot fall outside
     the page table or the cache are skipped (SPEC section 3) and still rotated into Q out; the rest are cached."""
-    case = make_rope_case(batch_size=4, seed=seed_of(f"bad index data {slots}"))
+    index_dtype, rope_index_dtype = INDEX_DTYPES[indices]
+    case = make_rope_case(batch_size=4, index_dtype=index_dtype, rope_index_dtype=rope_index_dtype,
+                          seed=seed_of(f"bad index data {slots}", indices))  # fmt: skip
     k_cache = case.paged_kv_cache[0] if isinstance(case.paged_kv_cache, tuple) else case.paged_kv_cache
     pages = k_cache.shape[0]
     case.batch_indices, case.positions = case.batch_indices.clone(), case.positions.clone()

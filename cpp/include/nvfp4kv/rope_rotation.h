@@ -56,12 +56,23 @@ NVFP4KV_HOST_DEVICE float float_from_bits(uint16_t bits, bool bf16) {
 // The element type of a cos/sin table (fp16 and bf16 widen to fp32 exactly).
 enum class TableType : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
-NVFP4KV_HOST_DEVICE float table_value(const void* row, int64_t j, TableType type) {
+// Element j of a table row as stored (fp32 bits, or fp16 / bf16 bits in the low half), and its value: a kernel
+// can keep the bits while the load is in flight and widen them when it needs the value.
+NVFP4KV_HOST_DEVICE uint32_t table_bits(const void* row, int64_t j, TableType type) {
+  if (type == TableType::kFloat32) return static_cast<const uint32_t*>(row)[j];
+  return static_cast<const uint16_t*>(row)[j];
+}
+
+NVFP4KV_HOST_DEVICE float table_value_of_bits(uint32_t bits, TableType type) {
   switch (type) {
-    case TableType::kFloat16: return codec::fp16_bits_to_float(static_cast<const uint16_t*>(row)[j]);
-    case TableType::kBFloat16: return codec::bf16_bits_to_float(static_cast<const uint16_t*>(row)[j]);
-    default: return static_cast<const float*>(row)[j];
+    case TableType::kFloat16: return codec::fp16_bits_to_float(uint16_t(bits));
+    case TableType::kBFloat16: return codec::bf16_bits_to_float(uint16_t(bits));
+    default: return codec::bits_float(bits);
   }
+}
+
+NVFP4KV_HOST_DEVICE float table_value(const void* row, int64_t j, TableType type) {
+  return table_value_of_bits(table_bits(row, j, type), type);
 }
 
 // One pair (x at dim a, y at dim b) rotated by (c, s): a' = x c - y s, b' = y c + x s, each step rounded.

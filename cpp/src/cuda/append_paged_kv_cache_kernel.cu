@@ -514,17 +514,11 @@ void launch_plan(const AppendParams& p, const LaunchArgs& a, const Plan& plan, c
 
 template <bool kBF16>
 void launch_index(const AppendParams& p, const LaunchArgs& a, const Plan& plan, cudaStream_t stream) {
-  // One load per index element when every index tensor the call reads has the same dtype.
-  const bool slot_mapping = p.slot_mapping.data != nullptr;
-  const bool all64 =
-      slot_mapping ? p.slot_mapping.is_int64
-                   : p.batch_indices.is_int64 && p.positions.is_int64 && p.kv_indptr.is_int64 && p.kv_indices.is_int64;
-  const bool all32 = slot_mapping ? !p.slot_mapping.is_int64
-                                  : !p.batch_indices.is_int64 && !p.positions.is_int64 && !p.kv_indptr.is_int64 &&
-                                        !p.kv_indices.is_int64;
-  if (all32) launch_plan<kBF16, int32_t>(p, a, plan, stream);
-  else if (all64) launch_plan<kBF16, int64_t>(p, a, plan, stream);
-  else launch_plan<kBF16, void>(p, a, plan, stream);
+  switch (index_types(p)) {
+    case IndexTypes::kInt32: launch_plan<kBF16, int32_t>(p, a, plan, stream); break;
+    case IndexTypes::kInt64: launch_plan<kBF16, int64_t>(p, a, plan, stream); break;
+    default: launch_plan<kBF16, void>(p, a, plan, stream);
+  }
 }
 
 }  // namespace

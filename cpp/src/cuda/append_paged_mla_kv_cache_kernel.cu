@@ -384,18 +384,13 @@ cudaError_t launch_kernel(const MlaParams& p, const MlaLaunch& a, bool row_kerne
   return programmatic_launch::launch(kernel, dim3(ctas), dim3(kChainKernelThreads), stream, programmatic, p, a);
 }
 
-// One load per index element when every index tensor the call reads has the same dtype.
 template <bool kBF16>
 cudaError_t launch_index(const MlaParams& p, const MlaLaunch& a, bool row_kernel, uint32_t ctas, cudaStream_t stream) {
-  const bool all64 = p.slot_mapping.data != nullptr ? p.slot_mapping.is_int64
-                                                    : p.batch_indices.is_int64 && p.positions.is_int64 &&
-                                                          p.kv_indptr.is_int64 && p.kv_indices.is_int64;
-  const bool all32 = p.slot_mapping.data != nullptr ? !p.slot_mapping.is_int64
-                                                    : !p.batch_indices.is_int64 && !p.positions.is_int64 &&
-                                                          !p.kv_indptr.is_int64 && !p.kv_indices.is_int64;
-  if (all32) return launch_kernel<kBF16, int32_t>(p, a, row_kernel, ctas, stream);
-  if (all64) return launch_kernel<kBF16, int64_t>(p, a, row_kernel, ctas, stream);
-  return launch_kernel<kBF16, void>(p, a, row_kernel, ctas, stream);
+  switch (append_kernel::index_types(p)) {
+    case append_kernel::IndexTypes::kInt32: return launch_kernel<kBF16, int32_t>(p, a, row_kernel, ctas, stream);
+    case append_kernel::IndexTypes::kInt64: return launch_kernel<kBF16, int64_t>(p, a, row_kernel, ctas, stream);
+    default: return launch_kernel<kBF16, void>(p, a, row_kernel, ctas, stream);
+  }
 }
 
 }  // namespace

@@ -28,6 +28,23 @@ __device__ __forceinline__ int64_t read_index(const IndexView& v, int64_t i) {
   }
 }
 
+// The dtype shared by every index tensor a call reads (its index views and `extra`, e.g. RoPE positions):
+// kernels instantiated for int32_t / int64_t take one load per element; a mix takes void (IndexView picks).
+enum class IndexTypes { kInt32, kInt64, kMixed };
+
+template <typename Params>
+inline IndexTypes index_types(const Params& p, const IndexView* extra = nullptr) {
+  bool all32 = true, all64 = true;
+  const auto see = [&](const IndexView& v) { all32 &= !v.is_int64, all64 &= v.is_int64; };
+  if (p.slot_mapping.data != nullptr) {
+    see(p.slot_mapping);
+  } else {
+    see(p.batch_indices), see(p.positions), see(p.kv_indptr), see(p.kv_indices);
+  }
+  if (extra != nullptr) see(*extra);
+  return all32 ? IndexTypes::kInt32 : all64 ? IndexTypes::kInt64 : IndexTypes::kMixed;
+}
+
 // v / page_size for v >= 0; 0 for v < 0 (padding slots, bad positions: their rows are skipped anyway).
 // Index values read as int32 are below 2^31, so they need no 64-bit path and no branch (a decode
 // row's latency): below quotient_limit when it is set, and below page_size (quotient 0) when not.
@@ -42,13 +59,22 @@ __device__ __forceinline__ uint64_t page_quotient(int64_t v, const Params& p, co
   return uint64_t(v) / uint64_t(p.page_size);  // only for positions or slots of 2^31 and more
 }
 
-// Level 1 of the chain: the row's own index values (loads only; nothing waits for them here).
-struct RowIndices {
-  int64_t b;         // batch_indices[row], or slot_mapping[row] in the slot-mapping variant
-  int64_t position;  // positions[row]
-  int64_t first;     // kv_indptr[row], kv_indptr[row + 1]: the early guess that b == row (decode)
-  int64_t last;
+// An index value as loaded, in its index type (int64 for a mix of types). A kernel that works while such a
+// load is in flight (the page id, a RoPE position) keeps the value so until it needs it: widening an int32
+// right after the load would make the thread wait for the load there.
+template <typename Index>
+using LoadedIndex = std::conditional_t<std::is_same_v<Index, int32_t>, int32_t, int64_t>;
+
+// Level 1 of the chain: the row's own index values (loads only; nothing waits for them here), widened to
+// int64, or as loaded (LoadedRowIndices, below).
+template <typename Value>
+struct RowIndicesOf {
+  Value b;         // batch_indices[row], or slot_mapping[row] in the slot-mapping variant
+  Value position;  // positions[row]
+  Value first;     // kv_indptr[row], kv_indptr[row + 1]: the early guess that b == row (decode)
+  Value last;
 };
+using RowIndices = RowIndicesOf<int64_t>;
 
 // Where level 1's values are (typed Index; parameters and the row only, so a kernel can compute this
 // before its programmatic wait and issue the loads right after it). Null: not read.
@@ -117,6 +143,26 @@ __device__ __forceinline__ RowIndices load_row_indices(const Params& p, const Ar
   }
 }
 
+// The same loads with the values kept as loaded (LoadedIndex): nothing waits for them before the chain goes on,
+// not even at the end of a branch that only some lanes take.
+template <typename Index, typename Params, typename Args>
+__device__ __forceinline__ RowIndicesOf<LoadedIndex<Index>> load_row_indices_as_loaded(
+    const Params& p, const Args& a, int64_t row, const RowIndexAddresses<Index>& s) {
+  if constexpr (std::is_void_v<Index>) {
+    return load_row_indices<Index>(p, a, row);
+  } else {
+    RowIndicesOf<Index> r{0, 0, 0, 0};
+    r.b = __ldg(s.b);
+    if (p.slot_mapping.data != nullptr) return r;
+    r.position = __ldg(s.position);
+    if (a.speculate_batch) {
+      r.first = __ldg(s.first);
+      r.last = __ldg(s.last);
+    }
+    return r;
+  }
+}
+
 // Levels 2-3: everything up to the page id, whose load is left in flight.
 struct Target {
   int64_t page;   // page id (loaded, not yet range-checked)
@@ -124,15 +170,9 @@ struct Target {
   bool ok;        // every check but the page id's range passed
 };
 
-// The page id as loaded, in its index type (int64 for a mix of types). A kernel that quantizes while the
-// page id's load is in flight keeps it so until its stores (resolved): widening an int32 right after the
-// load would make the thread wait for the load there.
-template <typename Index>
-using LoadedPageId = std::conditional_t<std::is_same_v<Index, int32_t>, int32_t, int64_t>;
-
 template <typename Index>
 struct PendingTarget {
-  LoadedPageId<Index> page;
+  LoadedIndex<Index> page;  // the page id
   int64_t entry;
   bool ok;
 };
@@ -143,7 +183,7 @@ __device__ __forceinline__ Target resolved(const PendingTarget<Index>& t) {
 }
 
 template <typename Index>
-__device__ __forceinline__ LoadedPageId<Index> read_page_id(const IndexView& v, int64_t i) {
+__device__ __forceinline__ LoadedIndex<Index> read_loaded_index(const IndexView& v, int64_t i) {
   if constexpr (std::is_same_v<Index, int32_t>) {
     return __ldg(static_cast<const int32_t*>(v.data) + i * v.stride);
   } else {
@@ -156,8 +196,9 @@ __device__ __forceinline__ LoadedPageId<Index> read_page_id(const IndexView& v, 
 // Otherwise the checks come first and a failed row loads element 0 (the pair kernel's chain warp,
 // whose latency is hidden by the quantizing warps: its code is kept as measured, see load_row_indices).
 // Result: Target, or PendingTarget<Index> (the page id as loaded).
-template <typename Index, bool kLoadFirst, typename Result, typename Params, typename Args>
-__device__ __forceinline__ Result target_of_row(const Params& p, const Args& a, int64_t row, const RowIndices& r) {
+template <typename Index, bool kLoadFirst, typename Result, typename Params, typename Args, typename Value>
+__device__ __forceinline__ Result target_of_row(const Params& p, const Args& a, int64_t row,
+                                                const RowIndicesOf<Value>& r) {
   using QuotientIndex = std::conditional_t<kLoadFirst, Index, void>;  // the chain warp keeps its measured code
   using PageId = decltype(Result::page);
   Result t;
@@ -170,12 +211,12 @@ __device__ __forceinline__ Result target_of_row(const Params& p, const Args& a, 
     return t;
   }
   const int64_t b = r.b, position = r.position;
-  int64_t first = r.first, last = r.last;
+  Value first = r.first, last = r.last;  // as loaded: widened where used (an int32 stays one across the branch)
   const bool b_ok = uint64_t(b) < uint64_t(p.batch_size);
   if (!a.speculate_batch || b != row) {
     const int64_t bc = b_ok ? b : 0;  // batch_size >= 1 (the host launches nothing otherwise)
-    first = read_index<Index>(p.kv_indptr, bc);
-    last = read_index<Index>(p.kv_indptr, bc + 1);
+    first = Value(read_index<Index>(p.kv_indptr, bc));
+    last = Value(read_index<Index>(p.kv_indptr, bc + 1));
   }
   const uint64_t page_offset = page_quotient<QuotientIndex>(position, p, a);
   // last - first fits in uint64 when last > first; the slot then lies below last: no overflow.
@@ -185,19 +226,20 @@ __device__ __forceinline__ Result target_of_row(const Params& p, const Args& a, 
   // kLoadFirst: a slot outside [0, size) (negative ones compare as huge) reads the last element.
   const uint64_t last_slot = uint64_t(p.kv_indices.size - 1);
   const int64_t page_slot = kLoadFirst ? int64_t(uint64_t(slot) > last_slot ? last_slot : slot) : (t.ok ? slot : 0);
-  t.page = read_page_id<Index>(p.kv_indices, page_slot);
+  t.page = read_loaded_index<Index>(p.kv_indices, page_slot);
   t.entry = position - int64_t(page_offset) * p.page_size;
   return t;
 }
 
-template <typename Index, bool kLoadFirst, typename Params, typename Args>
-__device__ __forceinline__ Target start_target(const Params& p, const Args& a, int64_t row, const RowIndices& r) {
+template <typename Index, bool kLoadFirst, typename Params, typename Args, typename Value>
+__device__ __forceinline__ Target start_target(const Params& p, const Args& a, int64_t row,
+                                               const RowIndicesOf<Value>& r) {
   return target_of_row<Index, kLoadFirst, Target>(p, a, row, r);
 }
 
-template <typename Index, bool kLoadFirst, typename Params, typename Args>
+template <typename Index, bool kLoadFirst, typename Params, typename Args, typename Value>
 __device__ __forceinline__ PendingTarget<Index> start_pending_target(const Params& p, const Args& a, int64_t row,
-                                                                     const RowIndices& r) {
+                                                                     const RowIndicesOf<Value>& r) {
   return target_of_row<Index, kLoadFirst, PendingTarget<Index>>(p, a, row, r);
 }
 

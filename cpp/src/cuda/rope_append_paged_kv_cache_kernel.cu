@@ -124,9 +124,12 @@ __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wai
 // Prefill shape: CTA (group of kRows rows, 128-thread chunk) with 16-byte aligned inputs. Each thread's unit
 // of every row of the group goes to shared memory by cp.async (bytes in flight without registers held), the rows'
 // positions and table rows are loaded once for all of them, and lane r < kRows of the last warp follows row
-// r's index chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are read
-// from the staged units.
-template <bool kBF16, Pairs kPairs, Shape kShape, int kRows>
+// r's index chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are
+// read from the staged units. Index: the type of every index tensor and the RoPE positions (void: a mix).
+// Load order, so that a decode row waits two memory round trips before its barrier: level 1 of the chains, the
+// positions (kept as loaded) and the input copies go out together; then the chains' page-id loads and the table
+// rows; the page ids are checked only after the table is staged.
+template <bool kBF16, Pairs kPairs, Shape kShape, int kRows, typename Index>
 __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
     rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
   __shared__ __align__(16) uint32_t units[kRows][kChunkThreads][kWordsPerUnit];
@@ -138,51 +141,73 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
   const uint32_t item = blockIdx.y * a.span + threadIdx.x;
   const Head h = head_of(p, item >> a.group_shift);
   const bool has_kv_items = (blockIdx.y + 1) * a.span > (p.num_q_heads << a.group_shift);
+  const AppendParams& ap = p.append;
+  // The index chain of row r runs in lane r of the last warp (wraps to >= kRows outside that warp).
+  const uint32_t chain_lane = threadIdx.x - (blockDim.x - kLanes);
+  const int64_t chain_row = row0 + chain_lane;
+  const bool chain = chain_lane < kRows && has_kv_items && chain_row < a.placeable_rows;
+  const auto chain_addresses = append_kernel::row_index_addresses<Index>(ap, a, chain ? chain_row : 0);
   programmatic_launch::warm_parameter_cache(p, a);
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
 
-  const AppendParams& ap = p.append;
+  append_kernel::RowIndicesOf<append_kernel::LoadedIndex<Index>> indices{0, 0, 0, 0};
+  if (chain) indices = append_kernel::load_row_indices_as_loaded<Index>(ap, a, chain_row, chain_addresses);
   const bool q_fp8 = q_out_fp8<kShape>(p);
   const float q_scale = q_fp8 ? rope_q_scale(p) : 1.0f;
   const bool write_q = !q_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
   const bool active =
       item < a.items && (common(kShape) || unit < uint32_t(ap.head_dim / codec::kBlockSize)) && (!h.is_q || write_q);
-  int64_t positions[kRows];
+  append_kernel::LoadedIndex<Index> positions[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t row = row0 + r;
-    positions[r] = row < p.rows ? p.rope_positions[row] : -1;
+    positions[r] = row < p.rows ? append_kernel::read_loaded_index<Index>(p.rope_positions, row) : -1;
     if (active && row < p.rows) {
       const uint16_t* source = item_source(p, row, h, unit);
       copy16_async(&units[r][threadIdx.x][0], source);
       copy16_async(&units[r][threadIdx.x][4], source + 8);
     }
   }
-  // The index chain (three dependent loads) runs in the last warp's lanes 0 .. kRows - 1 and the table
-  // staging (the position's load, then the table row's) in the other warps, so that the two chains overlap; a
-  // CTA of one warp does both in turn.
-  const uint32_t chain_lane = threadIdx.x - (blockDim.x - kLanes);  // wraps to >= kRows outside that warp
-  const uint32_t stagers = has_kv_items && blockDim.x > kLanes ? blockDim.x - kLanes : blockDim.x;
   if (chain_lane < kRows) {  // row r's cache target, for every thread of the CTA (used if in the table)
-    const int64_t row = row0 + chain_lane;
     append_kernel::Target t{0, 0, false};
-    if (has_kv_items && row < a.placeable_rows) {
-      const append_kernel::RowIndices indices = append_kernel::load_row_indices<void>(ap, a, row);
-      t = append_kernel::start_target<void, true>(ap, a, row, indices);
+    if (chain) {
+      t = append_kernel::start_target<Index, true>(ap, a, chain_row, indices);
       t.ok = append_kernel::finish_target(ap, t);
     }
     targets[chain_lane] = t;
   }
+  // The rows' tables, staged by the warps that follow no chain (all of them in a CTA that follows none), two
+  // columns of every row per step: all of a step's loads go out before its first store waits.
+  const uint32_t stagers = has_kv_items && blockDim.x > kLanes ? blockDim.x - kLanes : blockDim.x;
   const int columns = table_columns(p.rotary_dim);
   uint32_t in_table_rows = 0;  // bit r: row r's position lies in the table
+  const void* sources[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const bool in_table = positions[r] >= 0 && positions[r] < p.max_pos;
     in_table_rows |= uint32_t(in_table) << r;
-    const void* source = rope_table_row(p, in_table ? positions[r] : 0);
-    for (uint32_t j = threadIdx.x; j < uint32_t(columns) && threadIdx.x < stagers; j += stagers)
-      tables[r * columns + j] = in_table && j < p.rotary_dim ? rope::table_value(source, j, p.cos_sin_type) : 0.0f;
+    sources[r] = rope_table_row(p, in_table ? int64_t(positions[r]) : 0);
+  }
+  for (uint32_t j0 = threadIdx.x; j0 < uint32_t(columns) && threadIdx.x < stagers; j0 += 2 * stagers) {
+    uint32_t bits[kRows][2];  // zero bits: 0.0f in every table type
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        const uint32_t j = j0 + step * stagers;
+        const bool load = ((in_table_rows >> r) & 1u) && j < p.rotary_dim;
+        bits[r][step] = load ? rope::table_bits(sources[r], j, p.cos_sin_type) : 0u;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        const uint32_t j = j0 + step * stagers;
+        if (j < uint32_t(columns)) tables[r * columns + j] = rope::table_value_of_bits(bits[r][step], p.cos_sin_type);
+      }
+    }
   }
   const float q_inverse = q_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
   wait_async_copies();
@@ -220,13 +245,13 @@ bool aligned8(const CacheView& c) {
          c.head_stride % 8 == 0;
 }
 
-template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4>
+template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4, typename Index = void>
 cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& a, uint32_t threads, cudaStream_t stream,
                         bool programmatic) {
   const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(threads);
   const size_t table_bytes = kRows * table_columns(p.rotary_dim) * sizeof(float);
-  return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape, kRows>, grid, block,
-                                                 table_bytes, stream, programmatic, p, a);
+  return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape, kRows, Index>, grid,
+                                                 block, table_bytes, stream, programmatic, p, a);
 }
 
 // The common shape (Llama-like calls), which has its own instances of the rows kernel: NeoX pairs over the whole
@@ -242,16 +267,28 @@ bool common_shape(const RopeParams& p, const RopeLaunch& a, Pairs pairs) {
 // Rows per CTA (docs/PERFORMANCE.md section 10): the common shape takes the rows kernel at every size, one row
 // per CTA below kRowsPerCtaMinRows rows (faster than the decode kernel there), and from there on 2 with 16-bit Q
 // and 4 with FP8 Q (whose CTAs do more arithmetic per row); other shapes take 4 from kRowsPerCtaMinRows on.
-template <bool kBF16>
+template <bool kBF16, typename Index>
 cudaError_t launch_common(const RopeParams& p, const RopeLaunch& a, uint32_t threads, bool rows_per_cta,
                           cudaStream_t stream, bool programmatic) {
   constexpr Pairs kNeox = Pairs::kNeoxAligned;
   if (p.q_out_fp8) {
-    return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 4>(p, a, threads, stream, programmatic)
-                        : launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 1>(p, a, threads, stream, programmatic);
+    return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 4, Index>(p, a, threads, stream, programmatic)
+                        : launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 1, Index>(p, a, threads, stream, programmatic);
   }
-  return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQ16, 2>(p, a, threads, stream, programmatic)
-                      : launch_rows<kBF16, kNeox, Shape::kCommonQ16, 1>(p, a, threads, stream, programmatic);
+  return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQ16, 2, Index>(p, a, threads, stream, programmatic)
+                      : launch_rows<kBF16, kNeox, Shape::kCommonQ16, 1, Index>(p, a, threads, stream, programmatic);
+}
+
+template <bool kBF16>
+cudaError_t launch_common_index(const RopeParams& p, const RopeLaunch& a, uint32_t threads, bool rows_per_cta,
+                                cudaStream_t stream, bool programmatic) {
+  switch (append_kernel::index_types(p.append, &p.rope_positions)) {
+    case append_kernel::IndexTypes::kInt32:
+      return launch_common<kBF16, int32_t>(p, a, threads, rows_per_cta, stream, programmatic);
+    case append_kernel::IndexTypes::kInt64:
+      return launch_common<kBF16, int64_t>(p, a, threads, rows_per_cta, stream, programmatic);
+    default: return launch_common<kBF16, void>(p, a, threads, rows_per_cta, stream, programmatic);
+  }
 }
 
 template <bool kBF16>
@@ -259,7 +296,7 @@ cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, 
                          bool rows_per_cta, cudaStream_t stream) {
   const bool programmatic = programmatic_launch::enabled_on_current_device();
   if (aligned_chunks && common_shape(p, a, pairs)) {
-    return launch_common<kBF16>(p, a, threads, rows_per_cta, stream, programmatic);
+    return launch_common_index<kBF16>(p, a, threads, rows_per_cta, stream, programmatic);
   }
   if (rows_per_cta) {
     switch (pairs) {
