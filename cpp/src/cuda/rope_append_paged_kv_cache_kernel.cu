@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     if (active)
       write_item<kBF16, kPairs, Shape::kAny>(p, a, table, in_table, row, h, unit, w, partner, target, placed, q_scale,
-                                             q_inverse);
+                                             q_inverse, kv_scale_of(p, h));
   }
 }
 
@@ -210,6 +210,10 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
     }
   }
   const float q_inverse = q_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
+  // The K/V scale: read before the barrier in the common instances (a device scale's load then overlaps the
+  // table's), with each row's write in the others, whose registers are full before it.
+  KvScale kv{0.0f, 0.0f, false};
+  if constexpr (common(kShape)) kv = kv_scale_of(p, h);
   wait_async_copies();
   __syncthreads();
   if (!active) return;
@@ -231,7 +235,7 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
     const bool in_table = (in_table_rows >> r) & 1u;
     const append_kernel::Target t = targets[r];
     write_item<kBF16, kPairs, kShape>(p, a, tables + r * columns, in_table, row0 + r, h, unit, w, partner, t,
-                                      t.ok && in_table, q_scale, q_inverse);
+                                      t.ok && in_table, q_scale, q_inverse, common(kShape) ? kv : kv_scale_of(p, h));
   }
 }
 

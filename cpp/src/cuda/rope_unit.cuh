@@ -347,13 +347,30 @@ __device__ __forceinline__ void load_item(const RopeParams& p, const RopeLaunch&
   }
 }
 
+// The global scale a K or V item is quantized with (a device scale is read here: kernels call this before they
+// wait for their tables), whether it is usable, and the inverse of 6 s.
+struct KvScale {
+  float s;
+  float six_s_inverse;
+  bool usable;  // positive and finite: a bad device scale leaves those rows untouched
+};
+
+__device__ __forceinline__ KvScale kv_scale_of(const RopeParams& p, const Head& h) {
+  KvScale k{0.0f, 0.0f, false};
+  if (h.is_q) return k;
+  k.s = global_scale(p.append, !h.is_k);
+  k.usable = usable_global_scale(k.s);
+  k.six_s_inverse = k.usable ? block_quantizer::division_inverse(codec::kE2M1MaxValue * k.s) : 0.0f;
+  return k;
+}
+
 // Q to q_out, or K to k_out and the cache, or V to the cache: one head's unit after its partner exchange.
 template <bool kBF16, Pairs kPairs, Shape kShape>
 __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const float* table, bool in_table,
                                            int64_t row, const Head& h, uint32_t unit,
                                            const uint32_t (&w)[kWordsPerUnit], const uint32_t (&partner)[kWordsPerUnit],
-                                           const append_kernel::Target& t, bool placed, float q_scale,
-                                           float q_inverse) {
+                                           const append_kernel::Target& t, bool placed, float q_scale, float q_inverse,
+                                           const KvScale& kv) {
   const AppendParams& ap = p.append;
   uint32_t out[kWordsPerUnit];
   if (!in_table) {
@@ -398,10 +415,8 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
         static_cast<uint16_t*>(p.k_out.data) + row * p.k_out.row_stride + h.kv_head * p.k_out.head_stride + unit * 16,
         a.k_out16, out);
   }
-  if (!placed || !append_kernel::finish_target(ap, t)) return;
-  const float s = global_scale(ap, !h.is_k);
-  if (!usable_global_scale(s)) return;  // a bad device scale leaves those rows untouched
-  const Block b = quantize_unit<kBF16, kShape>(p, out, s, block_quantizer::division_inverse(codec::kE2M1MaxValue * s));
+  if (!placed || !append_kernel::finish_target(ap, t) || !kv.usable) return;
+  const Block b = quantize_unit<kBF16, kShape>(p, out, kv.s, kv.six_s_inverse);
   const int64_t units = ap.head_dim / codec::kBlockSize;
   if (h.is_k) {
     store_block<kShape>(a, ap.k_data, ap.k_scales, false, t.page, t.entry, h.kv_head, unit, units, uint8_t(b.sf),
