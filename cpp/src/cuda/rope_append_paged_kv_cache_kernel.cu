@@ -147,6 +147,9 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
   const int64_t chain_row = row0 + chain_lane;
   const bool chain = chain_lane < kRows && has_kv_items && chain_row < a.placeable_rows;
   const auto chain_addresses = append_kernel::row_index_addresses<Index>(ap, a, chain ? chain_row : 0);
+  const uint16_t* inputs[kRows];  // the thread's unit of each row (addresses only: computed before the wait)
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) inputs[r] = item_source(p, row0 + r, h, unit);
   programmatic_launch::warm_parameter_cache(p, a);
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
@@ -164,9 +167,8 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
     const int64_t row = row0 + r;
     positions[r] = row < p.rows ? append_kernel::read_loaded_index<Index>(p.rope_positions, row) : -1;
     if (active && row < p.rows) {
-      const uint16_t* source = item_source(p, row, h, unit);
-      copy16_async(&units[r][threadIdx.x][0], source);
-      copy16_async(&units[r][threadIdx.x][4], source + 8);
+      copy16_async(&units[r][threadIdx.x][0], inputs[r]);
+      copy16_async(&units[r][threadIdx.x][4], inputs[r] + 8);
     }
   }
   if (chain_lane < kRows) {  // row r's cache target, for every thread of the CTA (used if in the table)
