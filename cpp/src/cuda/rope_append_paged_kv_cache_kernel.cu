@@ -285,6 +285,8 @@ cudaError_t launch_common(const RopeParams& p, const RopeLaunch& a, uint32_t thr
                       : launch_rows<kBF16, kNeox, Shape::kCommonQ16, 1, Index>(p, a, threads, stream, programmatic);
 }
 
+// The common instances are built per index dtype (the cache indices and the RoPE positions: one load per value
+// when they share one, docs/PERFORMANCE.md r9); the other shapes read through IndexView.
 template <bool kBF16>
 cudaError_t launch_common_index(const RopeParams& p, const RopeLaunch& a, uint32_t threads, bool rows_per_cta,
                                 cudaStream_t stream, bool programmatic) {
