@@ -66,7 +66,7 @@ template <typename Index>
 using LoadedIndex = std::conditional_t<std::is_same_v<Index, int32_t>, int32_t, int64_t>;
 
 // Level 1 of the chain: the row's own index values (loads only; nothing waits for them here), widened to
-// int64, or as loaded (LoadedRowIndices, below).
+// int64 (RowIndices), or as loaded (load_row_indices_as_loaded, below).
 template <typename Value>
 struct RowIndicesOf {
   Value b;         // batch_indices[row], or slot_mapping[row] in the slot-mapping variant

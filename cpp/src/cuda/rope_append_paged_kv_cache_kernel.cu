@@ -127,8 +127,8 @@ __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wai
 // r's index chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are
 // read from the staged units. Index: the type of every index tensor and the RoPE positions (void: a mix).
 // Load order, so that a decode row waits two memory round trips before its barrier: level 1 of the chains, the
-// positions (kept as loaded) and the input copies go out together; then the chains' page-id loads and the table
-// rows; the page ids are checked only after the table is staged.
+// positions (kept as loaded) and the input copies go out together; then the chain lanes load their page ids
+// while the other warps load the table rows.
 template <bool kBF16, Pairs kPairs, Shape kShape, int kRows, typename Index>
 __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
     rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
