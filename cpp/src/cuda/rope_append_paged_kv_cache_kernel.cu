@@ -138,9 +138,12 @@ __global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
   const uint32_t group = 1u << a.group_shift;
   const uint32_t unit = threadIdx.x & (group - 1);
-  const uint32_t item = blockIdx.y * a.span + threadIdx.x;
+  // Chunks in reverse: the K/V chunk, whose CTAs follow the index chain and quantize, is dispatched first and
+  // gets an SM of its own when a call has more CTAs than SMs.
+  const uint32_t chunk = gridDim.y - 1 - blockIdx.y;
+  const uint32_t item = chunk * a.span + threadIdx.x;
   const Head h = head_of(p, item >> a.group_shift);
-  const bool has_kv_items = (blockIdx.y + 1) * a.span > (p.num_q_heads << a.group_shift);
+  const bool has_kv_items = (chunk + 1) * a.span > (p.num_q_heads << a.group_shift);
   const AppendParams& ap = p.append;
   // The index chain of row r runs in lane r of the last warp (wraps to >= kRows outside that warp).
   const uint32_t chain_lane = threadIdx.x - (blockDim.x - kLanes);
