@@ -144,7 +144,8 @@ __device__ __forceinline__ RowIndices load_row_indices(const Params& p, const Ar
 }
 
 // The same loads with the values kept as loaded (LoadedIndex): nothing waits for them before the chain goes on,
-// not even at the end of a branch that only some lanes take.
+// not even at the end of a branch that only some lanes take. (The widened form above is not written through this
+// one: that changes the append and MLA kernels' SASS, which their measurements are of.)
 template <typename Index, typename Params, typename Args>
 __device__ __forceinline__ RowIndicesOf<LoadedIndex<Index>> load_row_indices_as_loaded(
     const Params& p, const Args& a, int64_t row, const RowIndexAddresses<Index>& s) {
