@@ -344,6 +344,11 @@ def forced_mode_cases():
     mixed = make_mla_case(batch_size=5, seed=21)
     yield "int64 positions", dataclasses.replace(mixed, positions=mixed.positions.long()), False
     yield "int64 indptr", dataclasses.replace(mixed, kv_indptr=mixed.kv_indptr.long()), False
+    for batch in (63, 64):  # kv_indptr in the chain warp's lanes (at most 64 entries) or read per row
+        few = make_mla_case(batch_size=batch, max_tokens=3, seed=batch)
+        assert few.batch_indices.numel() != batch, "a decode-shaped call would take the other path"
+        few.batch_indices[:3] = torch.tensor([batch, -1, 1 << 30])  # past the batch, negative, far past
+        yield f"batch {batch}", few, False
     many = make_mla_case(batch_size=9, max_tokens=120, seed=23)  # 18 chain-kernel CTAs, the last partial
     assert many.append_ckv.shape[0] > 16 * 16 and many.append_ckv.shape[0] % 16, many.append_ckv.shape
     yield "many CTAs", many, False

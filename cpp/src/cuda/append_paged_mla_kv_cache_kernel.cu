@@ -13,7 +13,8 @@
 //     (index_chain.cuh) runs up to the page id's load, and the entry's offset terms and the quantizing
 //     run while that is in flight: the page id stays as loaded (PendingTarget) until the stores.
 //   chain kernel (larger calls: prefill): CTAs of 16 rows and 9 warps. Warp 0 resolves the 16 rows'
-//     targets, one per lane, into byte offsets of each row's parts in the caches, and publishes them
+//     targets, one per lane (with a kv_indptr of at most 64 entries held in its lanes, two dependent loads
+//     instead of three), into byte offsets of each row's parts in the caches, and publishes them
 //     through a named barrier; warps 1-8 load the inputs of 2 rows each at once (2 rows' loads in flight
 //     per lane), quantize them (the block reciprocals from a table of the ckv scale that the CTA fills),
 //     then wait for the offsets and store.
@@ -65,6 +66,7 @@ struct MlaLaunch {
   bool ckv_load16;          // 16-byte ckv loads (row base and stride allow them)
   bool kpe_pairs;           // 4-byte kpe loads of value pairs, 2-byte (fp8) or 4-byte (copy) stores
   bool ckv_store8;          // 8-byte packed-data stores
+  bool indptr_in_warp;      // chain kernel: kv_indptr held by the chain warp's lanes (index_chain.cuh)
 };
 
 template <bool kBF16>
@@ -312,10 +314,15 @@ __global__ void __launch_bounds__(kChainKernelThreads, kCommon ? 5 : 3)  // 40 /
   programmatic_launch::allow_next_kernel();
   if (warp == 0) {
     const int64_t row = cta_row + lane;
+    const bool chain = lane < kChainRows && row < p.nnz;
+    append_kernel::WarpIndptr<Index> indptr{};
+    if (a.indptr_in_warp) indptr = append_kernel::load_warp_indptr<Index>(p, lane);
+    RowIndices r{0, 0, 0, 0};
+    if (chain) r = append_kernel::load_row_indices<Index>(p, a, row);
+    if (a.indptr_in_warp) append_kernel::range_from_warp(p, indptr, r);
     RowOutputs o{};
-    if (lane < kChainRows && row < p.nnz) {
-      const Target t =
-          append_kernel::start_target<Index, true>(p, a, row, append_kernel::load_row_indices<Index>(p, a, row));
+    if (chain) {
+      const Target t = append_kernel::start_target<Index, true>(p, a, row, r, a.indptr_in_warp);
       o = row_outputs(p, t, entry_offsets(p, t.entry), mla_ckv_scale(p), mla_kpe_scale(p));
     }
     if (lane < kChainRows) outputs[lane] = o;
@@ -406,6 +413,7 @@ int launch_append_paged_mla_kv_cache(const MlaParams& p, void* stream, const cha
   a.page_size = Divisor::make(small_pages ? uint32_t(p.page_size) : 1u);
   a.quotient_limit = small_pages ? uint64_t(1) << 31 : 0;
   a.speculate_batch = !slot_mapping && p.nnz == p.batch_size;
+  a.indptr_in_warp = append_kernel::indptr_fits_warp(p, a);
   a.ckv_load16 = aligned(p.ckv.data, p.ckv.row_stride * 2, 16);
   const int64_t kpe_item = p.kpe_is_fp8 ? 1 : 2;
   a.kpe_pairs =

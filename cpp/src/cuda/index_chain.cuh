@@ -192,14 +192,55 @@ __device__ __forceinline__ LoadedIndex<Index> read_loaded_index(const IndexView&
   }
 }
 
+// Level 2 from a warp's registers (the MLA chain kernel), for calls of few requests that are not decode: every
+// lane of the chain warp loads kv_indptr entries lane and lane + 32 (clamped) with level 1, and a row's
+// kv_indptr[b], [b + 1] are then shuffles instead of a memory round trip (docs/PERFORMANCE.md section 9, m14).
+constexpr int64_t kWarpIndptrEntries = 64;
+
+template <typename Params, typename Args>
+inline bool indptr_fits_warp(const Params& p, const Args& a) {
+  return p.slot_mapping.data == nullptr && !a.speculate_batch && p.batch_size + 1 <= kWarpIndptrEntries;
+}
+
+template <typename Index>
+struct WarpIndptr {
+  LoadedIndex<Index> low;   // kv_indptr[min(lane, batch_size)]
+  LoadedIndex<Index> high;  // kv_indptr[min(lane + 32, batch_size)]
+};
+
+template <typename Index, typename Params>
+__device__ __forceinline__ WarpIndptr<Index> load_warp_indptr(const Params& p, uint32_t lane) {
+  return {read_loaded_index<Index>(p.kv_indptr, lane < p.batch_size ? lane : p.batch_size),
+          read_loaded_index<Index>(p.kv_indptr, lane + 32 < p.batch_size ? lane + 32 : p.batch_size)};
+}
+
+// kv_indptr[i], i in [0, kWarpIndptrEntries), from the lanes' entries; every lane of the warp takes part.
+template <typename Value>
+__device__ __forceinline__ Value warp_indptr_entry(Value low, Value high, int64_t i) {
+  const Value from_low = __shfl_sync(0xFFFFFFFFu, low, int(i) & 31);
+  const Value from_high = __shfl_sync(0xFFFFFFFFu, high, int(i) & 31);
+  return i < 32 ? from_low : from_high;
+}
+
+// Level 2 of the row whose level 1 is r, from the warp (b clamped as target_of_row clamps it); the chain then
+// starts with range_given.
+template <typename Index, typename Params, typename Value>
+__device__ __forceinline__ void range_from_warp(const Params& p, const WarpIndptr<Index>& w, RowIndicesOf<Value>& r) {
+  const int64_t b = int64_t(r.b);
+  const int64_t bc = uint64_t(b) < uint64_t(p.batch_size) ? b : 0;
+  r.first = Value(warp_indptr_entry(w.low, w.high, bc));
+  r.last = Value(warp_indptr_entry(w.low, w.high, bc + 1));
+}
+
 // kLoadFirst: the page id's load goes out before the checks (which then overlap it), its index clamped
 // into kv_indices (size >= 1: the host checks); a row whose checks fail is skipped and its id unused.
 // Otherwise the checks come first and a failed row loads element 0 (the pair kernel's chain warp,
 // whose latency is hidden by the quantizing warps: its code is kept as measured, see load_row_indices).
 // Result: Target, or PendingTarget<Index> (the page id as loaded).
+// range_given: r.first / r.last already hold kv_indptr[b], [b + 1] (range_from_warp).
 template <typename Index, bool kLoadFirst, typename Result, typename Params, typename Args, typename Value>
 __device__ __forceinline__ Result target_of_row(const Params& p, const Args& a, int64_t row,
-                                                const RowIndicesOf<Value>& r) {
+                                                const RowIndicesOf<Value>& r, bool range_given) {
   using QuotientIndex = std::conditional_t<kLoadFirst, Index, void>;  // the chain warp keeps its measured code
   using PageId = decltype(Result::page);
   Result t;
@@ -214,7 +255,7 @@ __device__ __forceinline__ Result target_of_row(const Params& p, const Args& a, 
   const int64_t b = r.b, position = r.position;
   Value first = r.first, last = r.last;  // as loaded: widened where used (an int32 stays one across the branch)
   const bool b_ok = uint64_t(b) < uint64_t(p.batch_size);
-  if (!a.speculate_batch || b != row) {
+  if (!range_given && (!a.speculate_batch || b != row)) {
     const int64_t bc = b_ok ? b : 0;  // batch_size >= 1 (the host launches nothing otherwise)
     first = Value(read_index<Index>(p.kv_indptr, bc));
     last = Value(read_index<Index>(p.kv_indptr, bc + 1));
@@ -234,14 +275,14 @@ __device__ __forceinline__ Result target_of_row(const Params& p, const Args& a, 
 
 template <typename Index, bool kLoadFirst, typename Params, typename Args, typename Value>
 __device__ __forceinline__ Target start_target(const Params& p, const Args& a, int64_t row,
-                                               const RowIndicesOf<Value>& r) {
-  return target_of_row<Index, kLoadFirst, Target>(p, a, row, r);
+                                               const RowIndicesOf<Value>& r, bool range_given = false) {
+  return target_of_row<Index, kLoadFirst, Target>(p, a, row, r, range_given);
 }
 
 template <typename Index, bool kLoadFirst, typename Params, typename Args, typename Value>
 __device__ __forceinline__ PendingTarget<Index> start_pending_target(const Params& p, const Args& a, int64_t row,
                                                                      const RowIndicesOf<Value>& r) {
-  return target_of_row<Index, kLoadFirst, PendingTarget<Index>>(p, a, row, r);
+  return target_of_row<Index, kLoadFirst, PendingTarget<Index>>(p, a, row, r, false);
 }
 
 template <typename Params>
