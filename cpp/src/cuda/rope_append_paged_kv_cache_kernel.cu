@@ -34,7 +34,8 @@ constexpr uint32_t kMaxThreads = 1024;
 constexpr uint32_t kChunkThreads = 128;
 constexpr uint32_t kMaxChunks = 65535;  // gridDim.y
 constexpr int64_t kRowsPerCtaMinRows = 1024;
-constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
+constexpr int kRowsKernelCtasPerSm = 8;         // 64 registers: 32 warps per SM
+constexpr int kCommonRowsKernelCtasPerSm = 10;  // the common shape, several rows per CTA: 48 registers, no spills
 
 using namespace rope_unit;
 
@@ -130,7 +131,8 @@ __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wai
 // positions (kept as loaded) and the input copies go out together; then the chain lanes load their page ids
 // while the other warps load the table rows.
 template <bool kBF16, Pairs kPairs, Shape kShape, int kRows, typename Index>
-__global__ void __launch_bounds__(kChunkThreads, kRowsKernelCtasPerSm)
+__global__ void __launch_bounds__(kChunkThreads,
+                                  common(kShape) && kRows > 1 ? kCommonRowsKernelCtasPerSm : kRowsKernelCtasPerSm)
     rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
   __shared__ __align__(16) uint32_t units[kRows][kChunkThreads][kWordsPerUnit];
   extern __shared__ __align__(16) float tables[];  // kRows rows of table_columns(R)
