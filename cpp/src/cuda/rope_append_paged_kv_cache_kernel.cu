@@ -34,8 +34,9 @@ constexpr uint32_t kMaxThreads = 1024;
 constexpr uint32_t kChunkThreads = 128;
 constexpr uint32_t kMaxChunks = 65535;  // gridDim.y
 constexpr int64_t kRowsPerCtaMinRows = 1024;
-constexpr int kRowsKernelCtasPerSm = 8;         // 64 registers: 32 warps per SM
-constexpr int kCommonRowsKernelCtasPerSm = 10;  // the common shape, several rows per CTA: 48 registers, no spills
+constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
+// The common shape with several rows per CTA: 48 registers (sm_90: no spills but 8-24 bytes in the fp16 FP8-Q ones).
+constexpr int kCommonRowsKernelCtasPerSm = 10;
 
 using namespace rope_unit;
 
