@@ -192,6 +192,13 @@ __device__ __forceinline__ LoadedIndex<Index> read_loaded_index(const IndexView&
   }
 }
 
+// Whether batch index b lies in [0, batch_size) (the bounds contract's first check; a row that fails it reads
+// kv_indptr at batch 0 and is skipped).
+template <typename Params>
+__device__ __forceinline__ bool batch_in_range(const Params& p, int64_t b) {
+  return uint64_t(b) < uint64_t(p.batch_size);
+}
+
 // Level 2 from a warp's registers (the MLA chain kernel), for calls of few requests that are not decode: every
 // lane of the chain warp loads kv_indptr entries lane and lane + 32 (clamped) with level 1, and a row's
 // kv_indptr[b], [b + 1] are then shuffles instead of a memory round trip (docs/PERFORMANCE.md section 9, m14).
@@ -227,7 +234,7 @@ __device__ __forceinline__ Value warp_indptr_entry(Value low, Value high, int64_
 template <typename Index, typename Params, typename Value>
 __device__ __forceinline__ void range_from_warp(const Params& p, const WarpIndptr<Index>& w, RowIndicesOf<Value>& r) {
   const int64_t b = int64_t(r.b);
-  const int64_t bc = uint64_t(b) < uint64_t(p.batch_size) ? b : 0;
+  const int64_t bc = batch_in_range(p, b) ? b : 0;
   r.first = Value(warp_indptr_entry(w.low, w.high, bc));
   r.last = Value(warp_indptr_entry(w.low, w.high, bc + 1));
 }
@@ -254,7 +261,7 @@ __device__ __forceinline__ Result target_of_row(const Params& p, const Args& a, 
   }
   const int64_t b = r.b, position = r.position;
   Value first = r.first, last = r.last;  // as loaded: widened where used (an int32 stays one across the branch)
-  const bool b_ok = uint64_t(b) < uint64_t(p.batch_size);
+  const bool b_ok = batch_in_range(p, b);
   if (!range_given && (!a.speculate_batch || b != row)) {
     const int64_t bc = b_ok ? b : 0;  // batch_size >= 1 (the host launches nothing otherwise)
     first = Value(read_index<Index>(p.kv_indptr, bc));
