@@ -189,6 +189,34 @@ def test_common_shape_instances_match_reference(head_dim, dtype, q_mode, indices
                         v_sf_layout="trtllm" if dtype == torch.float16 else "linear")  # fmt: skip
 
 
+def _table_laid_out(table: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same cos/sin values packed, or as a view whose rows are not 16-byte aligned: rows two values apart
+    ("row_stride"), or the whole table one value past an aligned start ("offset")."""
+    if layout == "row_stride":
+        wide = torch.zeros(table.shape[0], table.shape[1] + 2, dtype=table.dtype)
+        wide[:, : table.shape[1]] = table
+        return wide[:, : table.shape[1]]
+    if layout == "offset":
+        flat = torch.zeros(table.numel() + 1, dtype=table.dtype)
+        flat[1:] = table.flatten()
+        return flat[1:].view(table.shape)
+    return table
+
+
+@pytest.mark.parametrize("forced_kernel_mode", ["auto", "pair"], indirect=True)
+@pytest.mark.parametrize("layout", ["packed", "row_stride", "offset"])
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_common_shape_table_dtypes_and_layouts(table_dtype, layout, forced_kernel_mode, device):
+    """A common-shape call (the CUDA rows kernel's own instances, one row per CTA and several) with a table of
+    every dtype, packed or as a view whose rows are not 16-byte aligned (every other test's tables are packed)."""
+    if device == "cpu" and forced_kernel_mode != "auto":
+        pytest.skip("the CPU op has one kernel")
+    case = make_rope_case(head_dim=128, packed=True, special_values=True, table_dtype=table_dtype,
+                          seed=seed_of("table layout", str(table_dtype), layout))  # fmt: skip
+    case = dataclasses.replace(case, cos_sin_cache=_table_laid_out(case.cos_sin_cache, layout))
+    assert_rope_matches(case, device, q_mode="fp8" if table_dtype == torch.float16 else "new")
+
+
 def _assert_grid_case_matches(p: dict, device: str) -> None:
     (head_dim, rotary_dim), (num_qo_heads, num_kv_heads) = p["geometry"], p["heads"]
     seed = seed_of(_grid_id(p))
