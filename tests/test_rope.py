@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_no_synchronisation_or_allocation, assert_same_caches, has_cuda, seed_of
+from conftest import assert_no_synchronisation_or_allocation, assert_same_caches, has_cuda, misaligned_copy, seed_of
 
 import nvfp4kv
 from nvfp4kv import reference_rope
@@ -197,9 +197,7 @@ def _table_laid_out(table: torch.Tensor, layout: str) -> torch.Tensor:
         wide[:, : table.shape[1]] = table
         return wide[:, : table.shape[1]]
     if layout == "offset":
-        flat = torch.zeros(table.numel() + 1, dtype=table.dtype)
-        flat[1:] = table.flatten()
-        return flat[1:].view(table.shape)
+        return misaligned_copy(table, 1)
     return table
 
 
