@@ -185,8 +185,22 @@ def test_common_shape_instances_match_reference(head_dim, dtype, q_mode, indices
     case = make_rope_case(head_dim=head_dim, dtype=dtype, packed=True, special_values=True, index_dtype=index_dtype,
                           rope_index_dtype=rope_index_dtype,
                           seed=seed_of("common shape", head_dim, str(dtype), q_mode, indices))  # fmt: skip
-    assert_rope_matches(case, "cuda", q_mode=q_mode, slots=head_dim == 128,
+    assert_rope_matches(case, "cuda", q_mode=q_mode, slots=head_dim == 128, k_out=False,
                         v_sf_layout="trtllm" if dtype == torch.float16 else "linear")  # fmt: skip
+
+
+@pytest.mark.parametrize("q_mode", ["new", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads", [(7, 1, 128), (5, 2, 256), (3, 1, 512)], ids=lambda h: "Hq{}xHkv{}xD{}".format(*h))
+def test_common_shape_with_an_odd_number_of_q_heads(heads, dtype, q_mode, device):
+    """Common-shape calls whose Q heads end in the middle of a K head's lanes: the CUDA one-row instance takes K and
+    V as half units (two lanes per 16 values) after Q items padded to whole K heads, so that no head straddles a
+    128-lane chunk (here K heads would start mid-chunk and, at D 256 and 512, cross one)."""
+    num_qo_heads, num_kv_heads, head_dim = heads
+    case = make_rope_case(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                          packed=True, special_values=True, decode=True, batch_size=5,
+                          seed=seed_of("odd q heads", *heads, str(dtype), q_mode))  # fmt: skip
+    assert_rope_matches(case, device, q_mode=q_mode, k_out=False)
 
 
 def _table_laid_out(table: torch.Tensor, layout: str) -> torch.Tensor:
@@ -212,7 +226,7 @@ def test_common_shape_table_dtypes_and_layouts(table_dtype, layout, forced_kerne
     case = make_rope_case(head_dim=128, packed=True, special_values=True, table_dtype=table_dtype,
                           seed=seed_of("table layout", str(table_dtype), layout))  # fmt: skip
     case = dataclasses.replace(case, cos_sin_cache=_table_laid_out(case.cos_sin_cache, layout))
-    assert_rope_matches(case, device, q_mode="fp8" if table_dtype == torch.float16 else "new")
+    assert_rope_matches(case, device, q_mode="fp8" if table_dtype == torch.float16 else "new", k_out=False)
 
 
 def _assert_grid_case_matches(p: dict, device: str) -> None:
