@@ -193,9 +193,8 @@ def test_common_shape_instances_match_reference(head_dim, dtype, q_mode, indices
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads", [(7, 1, 128), (5, 2, 256), (3, 1, 512)], ids=lambda h: "Hq{}xHkv{}xD{}".format(*h))
 def test_common_shape_with_an_odd_number_of_q_heads(heads, dtype, q_mode, device):
-    """Common-shape calls whose Q heads end in the middle of a K head's lanes: the CUDA one-row instance takes K and
-    V as half units (two lanes per 16 values) after Q items padded to whole K heads, so that no head straddles a
-    128-lane chunk (here K heads would start mid-chunk and, at D 256 and 512, cross one)."""
+    """Common-shape decode calls with an odd number of Q heads: in the CUDA one-row instance a CTA's 128 lanes then
+    hold the last Q heads and the first K (or V) heads together, and at D 512 one head fills a whole warp."""
     num_qo_heads, num_kv_heads, head_dim = heads
     case = make_rope_case(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
                           packed=True, special_values=True, decode=True, batch_size=5,
