@@ -194,11 +194,12 @@ __device__ __forceinline__ void staged_partner(const RopeParams& p, int64_t half
 
 // The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
 // `partner` (NeoX) or the other half of its own word (GPT-J). A unit wholly below R (the common case) rounds two
-// values per conversion and canonicalises NaNs (rope_rotation.h) only when one of the 16 is one.
+// values per conversion and, with canonical_nans, canonicalises NaNs (rope_rotation.h) when one of the 16 is one.
 template <bool kBF16, Pairs kPairs, Shape kShape>
 __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* row, uint32_t unit,
                                             const uint32_t (&w)[kWordsPerUnit],
-                                            const uint32_t (&partner)[kWordsPerUnit], uint32_t (&out)[kWordsPerUnit]) {
+                                            const uint32_t (&partner)[kWordsPerUnit], bool canonical_nans,
+                                            uint32_t (&out)[kWordsPerUnit]) {
   const int rotated = int(p.rotary_dim) - int(unit) * 16;  // values of the unit below R (may exceed 16)
   uint32_t other[kWordsPerUnit];  // NeoX aligned: the partner values, negated for a first member (x (-s) == (-x) s)
   if constexpr (kPairs == Pairs::kNeoxAligned) {
@@ -210,7 +211,6 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* ro
     for (int k = 0; k < 8; ++k) other[k] = partner[k];
   }
   if (common(kShape) || rotated >= 16) {
-    uint32_t nans = 0;
 #pragma unroll
     for (int k0 = 0; k0 < 16; k0 += 4) {
       const Quad q = table_quad<kPairs>(p, row, unit, k0);
@@ -225,9 +225,12 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* ro
           turned[j] = __fadd_rn(__fmul_rn(v, q.c[kk - k0]), __fmul_rn(x, q.s[kk - k0]));
         }
         out[k / 2] = round16x2<kBF16>(turned[0], turned[1]);
-        nans |= nan_halves<kBF16>(out[k / 2]);
       }
     }
+    if (!canonical_nans) return;
+    uint32_t nans = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) nans |= nan_halves<kBF16>(out[k]);
     if (nans != 0) {
       constexpr uint32_t canonical = kBF16 ? rope::kBF16NaN : rope::kFP16NaN;
 #pragma unroll
@@ -380,7 +383,9 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
 #pragma unroll
     for (int k = 0; k < 8; ++k) out[k] = w[k];
   } else {
-    rotate_unit<kBF16, kPairs, kShape>(p, table, unit, w, partner, out);
+    // NaN bits matter in Q and k_out; the cache keeps only that a block holds a NaN (SPEC step 1).
+    const bool canonical_nans = h.is_q || !common(kShape);
+    rotate_unit<kBF16, kPairs, kShape>(p, table, unit, w, partner, canonical_nans, out);
   }
   if (h.is_q) {
     if (!q_out_fp8<kShape>(p)) {
