@@ -12,7 +12,8 @@
 //     common shape (common_shape below) takes this kernel at decode sizes too, with one row per CTA;
 //   one CTA per row (span = all items, up to 1024 threads): the test hook's "oneshot", and rows of more than
 //     65535 chunks.
-// Every CTA stages its rows' cos/sin table rows in shared memory as float32 (one load per column).
+// Every CTA stages its rows' cos/sin table rows in shared memory as float32 (one load per column; rope_unit.cuh's
+// table_slot places the columns).
 // The per-unit work (pair partners, rounding, FP8 Q, quantization) is rope_unit.cuh's.
 // Launched with programmatic dependent launch on sm_90+ (programmatic_launch.cuh).
 #include <cuda_runtime.h>
@@ -44,7 +45,7 @@ template <bool kBF16, Pairs kPairs>
 __global__ void __launch_bounds__(kMaxThreads)
     rope_append_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
   extern __shared__ uint32_t staged[];  // kNeoxStaged: blockDim.x units
-  __shared__ __align__(16) float table[kRopeMaxHeadDim + kTablePad];
+  __shared__ __align__(16) float table[table_floats(kRopeMaxHeadDim)];
   const int64_t row = blockIdx.x;
   const uint32_t lane = threadIdx.x % kLanes;
   const uint32_t group = 1u << a.group_shift;
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (placed) target = append_kernel::start_target<void, true>(ap, a, row, indices);
   const void* source = rope_table_row(p, in_table ? position : 0);
   for (int j = int(threadIdx.x); j < int(p.rotary_dim) + kTablePad; j += int(blockDim.x))
-    table[j] = in_table && j < p.rotary_dim ? rope::table_value(source, j, p.cos_sin_type) : 0.0f;
+    table[table_slot(j)] = in_table && j < p.rotary_dim ? rope::table_value(source, j, p.cos_sin_type) : 0.0f;
   __syncthreads();
 
   for (uint32_t i = 0; i < a.iterations; ++i) {
@@ -123,6 +124,14 @@ __device__ __forceinline__ void copy16_async(void* shared, const void* global) {
 
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// A unit staged in shared memory (16-byte aligned) with its two 16-byte halves swapped or not.
+__device__ __forceinline__ void read_staged_unit(const uint32_t (&staged)[kWordsPerUnit], uint32_t swapped,
+                                                 uint32_t (&w)[kWordsPerUnit]) {
+  const uint4 lo = reinterpret_cast<const uint4*>(staged)[swapped];
+  const uint4 hi = reinterpret_cast<const uint4*>(staged)[swapped ^ 1u];
+  w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+}
+
 // Prefill shape: CTA (group of kRows rows, 128-thread chunk) with 16-byte aligned inputs. Each thread's unit
 // of every row of the group goes to shared memory by cp.async (bytes in flight without registers held), the rows'
 // positions and table rows are loaded once for all of them, and lane r < kRows of the last warp follows row
@@ -136,11 +145,17 @@ __global__ void __launch_bounds__(kChunkThreads,
                                   common(kShape) && kRows > 1 ? kCommonRowsKernelCtasPerSm : kRowsKernelCtasPerSm)
     rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
   __shared__ __align__(16) uint32_t units[kRows][kChunkThreads][kWordsPerUnit];
-  extern __shared__ __align__(16) float tables[];  // kRows rows of table_columns(R)
+  extern __shared__ __align__(16) float tables[];  // kRows rows of table_floats(R)
   __shared__ append_kernel::Target targets[kRows];
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
   const uint32_t group = 1u << a.group_shift;
-  const uint32_t unit = threadIdx.x & (group - 1);
+  const uint32_t slot = threadIdx.x & (group - 1);  // the thread's place in its head's lane group
+  // Common instances: the pair partners u and u + G / 2 on lanes 2 i and 2 i + 1, so that the two lanes read the
+  // same table addresses (a 16-byte shared load then returns two lanes' registers per wavefront); elsewhere u = slot.
+  const uint32_t unit = common(kShape) ? (slot >> 1) | ((slot & 1u) << (a.group_shift - 1)) : slot;
+  // Common instances: the halves of the units of lanes with bit 2 set staged swapped, so that 8 consecutive
+  // lanes' 16-byte reads of units 32 bytes apart fall in different banks.
+  const uint32_t swapped = common(kShape) ? (threadIdx.x >> 2) & 1u : 0u;
   // Chunks in reverse: the K/V chunk, whose CTAs follow the index chain and quantize, is dispatched first and
   // gets an SM of its own when a call has more CTAs than SMs.
   const uint32_t chunk = gridDim.y - 1 - blockIdx.y;
@@ -153,9 +168,18 @@ __global__ void __launch_bounds__(kChunkThreads,
   const int64_t chain_row = row0 + chain_lane;
   const bool chain = chain_lane < kRows && has_kv_items && chain_row < a.placeable_rows;
   const auto chain_addresses = append_kernel::row_index_addresses<Index>(ap, a, chain ? chain_row : 0);
-  const uint16_t* inputs[kRows];  // the thread's unit of each row (addresses only: computed before the wait)
+  // What the thread stages of each row (addresses only: computed before the wait): its own unit's two halves, or in
+  // the one-row common instances half e = t % 2 of its lane pair's unit u (the one below G / 2), then of unit
+  // u + G / 2, so that each copy instruction moves whole units (complete 32-byte sectors): faster at decode, slower
+  // with several rows per CTA (docs/PERFORMANCE.md section 10, r12).
+  constexpr bool kPairCopies = common(kShape) && kRows == 1;
+  const uint32_t pair_half = kPairCopies ? threadIdx.x & 1u : 0u;
+  const uint16_t* inputs[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) inputs[r] = item_source(p, row0 + r, h, unit);
+  for (int r = 0; r < kRows; ++r) {
+    inputs[r] =
+        kPairCopies ? item_source(p, row0 + r, h, slot >> 1) + 8 * pair_half : item_source(p, row0 + r, h, unit);
+  }
   programmatic_launch::warm_parameter_cache(p, a);
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
@@ -173,8 +197,13 @@ __global__ void __launch_bounds__(kChunkThreads,
     const int64_t row = row0 + r;
     positions[r] = row < p.rows ? append_kernel::read_loaded_index<Index>(p.rope_positions, row) : -1;
     if (active && row < p.rows) {
-      copy16_async(&units[r][threadIdx.x][0], inputs[r]);
-      copy16_async(&units[r][threadIdx.x][4], inputs[r] + 8);
+      if constexpr (kPairCopies) {
+        copy16_async(&units[r][threadIdx.x & ~1u][4 * (swapped ^ pair_half)], inputs[r]);
+        copy16_async(&units[r][threadIdx.x | 1u][4 * (swapped ^ pair_half)], inputs[r] + (group / 2) * 16);
+      } else {
+        copy16_async(&units[r][threadIdx.x][4 * swapped], inputs[r]);
+        copy16_async(&units[r][threadIdx.x][4 * (swapped ^ 1u)], inputs[r] + 8);
+      }
     }
   }
   if (chain_lane < kRows) {  // row r's cache target, for every thread of the CTA (used if in the table)
@@ -189,6 +218,7 @@ __global__ void __launch_bounds__(kChunkThreads,
   // columns of every row per step: all of a step's loads go out before its first store waits.
   const uint32_t stagers = has_kv_items && blockDim.x > kLanes ? blockDim.x - kLanes : blockDim.x;
   const int columns = table_columns(p.rotary_dim);
+  const int floats = table_floats(p.rotary_dim);
   uint32_t in_table_rows = 0;  // bit r: row r's position lies in the table
   const void* sources[kRows];
 #pragma unroll
@@ -213,7 +243,9 @@ __global__ void __launch_bounds__(kChunkThreads,
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
         const uint32_t j = j0 + step * stagers;
-        if (j < uint32_t(columns)) tables[r * columns + j] = rope::table_value_of_bits(bits[r][step], p.cos_sin_type);
+        if (j < uint32_t(columns)) {
+          tables[r * floats + table_slot(int(j))] = rope::table_value_of_bits(bits[r][step], p.cos_sin_type);
+        }
       }
     }
   }
@@ -228,21 +260,23 @@ __global__ void __launch_bounds__(kChunkThreads,
 
   const int64_t half = p.rotary_dim / 2;
   const uint32_t unit_shift = uint32_t(half / 16);
-  const uint32_t head_base = threadIdx.x - unit;
+  const uint32_t head_base = threadIdx.x - slot;
+  // The partner unit u +- m / 16 of the same head (NeoX aligned), staged by this thread's neighbour in the common
+  // instances, whose halves are swapped as this thread's are.
+  const uint32_t partner_thread = common(kShape)              ? threadIdx.x ^ 1u
+                                  : int64_t(unit) * 16 < half ? head_base + unit + unit_shift
+                                                              : head_base + unit - unit_shift;
   for (int r = 0; r < kRows && row0 + r < p.rows; ++r) {
     uint32_t w[kWordsPerUnit], partner[kWordsPerUnit] = {};
-#pragma unroll
-    for (int k = 0; k < 8; ++k) w[k] = units[r][threadIdx.x][k];
-    if constexpr (kPairs == Pairs::kNeoxAligned) {  // the partner unit u +- m / 16 of the same head
-      const uint32_t other = int64_t(unit) * 16 < half ? unit + unit_shift : unit - unit_shift;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) partner[k] = units[r][head_base + other][k];
+    read_staged_unit(units[r][threadIdx.x], swapped, w);
+    if constexpr (kPairs == Pairs::kNeoxAligned) {
+      read_staged_unit(units[r][partner_thread], swapped, partner);
     } else if constexpr (kPairs == Pairs::kNeoxStaged) {
       staged_partner(p, half, reinterpret_cast<const uint16_t*>(&units[r][head_base][0]), unit, partner);
     }
     const bool in_table = (in_table_rows >> r) & 1u;
     const append_kernel::Target t = targets[r];
-    write_item<kBF16, kPairs, kShape>(p, a, tables + r * columns, in_table, row0 + r, h, unit, w, partner, t,
+    write_item<kBF16, kPairs, kShape>(p, a, tables + r * floats, in_table, row0 + r, h, unit, w, partner, t,
                                       t.ok && in_table, q_scale, q_inverse, common(kShape) ? kv : kv_scale_of(p, h));
   }
 }
@@ -261,7 +295,7 @@ template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4, t
 cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& a, uint32_t threads, cudaStream_t stream,
                         bool programmatic) {
   const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(threads);
-  const size_t table_bytes = kRows * table_columns(p.rotary_dim) * sizeof(float);
+  const size_t table_bytes = kRows * table_floats(p.rotary_dim) * sizeof(float);
   return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape, kRows, Index>, grid,
                                                  block, table_bytes, stream, programmatic, p, a);
 }

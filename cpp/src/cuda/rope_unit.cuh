@@ -34,8 +34,16 @@ namespace {  // one includer (the kernel file): internal linkage, the code gener
 constexpr uint32_t kWordsPerUnit = 8;  // 16 values of 16 bits
 constexpr int kTablePad = 4;           // zeros past R: a GPT-J quad ending past R reads up to sin column R / 2 + 1
 
-// Floats per staged table row: R, then zeros (kTablePad), rounded up to 16 bytes for the float4 reads.
-__host__ __device__ inline int table_columns(int64_t rotary_dim) { return int(rotary_dim + kTablePad + 3) / 4 * 4; }
+// Columns per staged table row: R, then zeros (kTablePad), rounded up to 16 bytes for the float4 reads.
+__host__ __device__ constexpr int table_columns(int64_t rotary_dim) { return int(rotary_dim + kTablePad + 3) / 4 * 4; }
+
+// Where column j of a staged table row lies: a 16-byte gap after every 32 floats, so that float4 reads of columns
+// 32 apart fall in different banks (a NeoX-aligned warp reads columns 16 u + k0 of its units u at once). A float4
+// read starts at a multiple of 4 and never spans a gap.
+__host__ __device__ constexpr int table_slot(int column) { return column + (column >> 5) * 4; }
+
+// Floats per staged table row (a multiple of 4, so every row starts 16-byte aligned).
+__host__ __device__ constexpr int table_floats(int64_t rotary_dim) { return table_slot(table_columns(rotary_dim)); }
 
 enum class Pairs { kGptJ, kNeoxAligned, kNeoxStaged };
 
@@ -135,15 +143,16 @@ __device__ __forceinline__ Quad table_quad(const RopeParams& p, const float* row
   const int half = int(p.rotary_dim / 2);
   const int d0 = int(unit) * 16 + k0;
   if constexpr (kPairs == Pairs::kNeoxAligned) {  // 4 consecutive columns; the unit's sign goes on the partner
-    const bool first = int(unit) * 16 < half;
-    const float* f = row + (first ? d0 : d0 - half);
-    const float4 c = *reinterpret_cast<const float4*>(f);
-    const float4 s = *reinterpret_cast<const float4*>(f + half);
+    // 16 u and half are multiples of 16: a unit's 16 columns lie within one 32-float block (+ k0 past its slot).
+    const int base = int(unit) * 16 < half ? int(unit) * 16 : int(unit) * 16 - half;
+    const float4 c = *reinterpret_cast<const float4*>(row + table_slot(base) + k0);
+    const float4 s = *reinterpret_cast<const float4*>(row + table_slot(base + half) + k0);
     q.c[0] = c.x, q.c[1] = c.y, q.c[2] = c.z, q.c[3] = c.w;
     q.s[0] = s.x, q.s[1] = s.y, q.s[2] = s.z, q.s[3] = s.w;
   } else if constexpr (kPairs == Pairs::kGptJ) {  // columns d / 2: two, each for an (even, odd) pair
-    const float2 c = *reinterpret_cast<const float2*>(row + d0 / 2);
-    const float2 s = make_float2(row[half + d0 / 2], row[half + d0 / 2 + 1]);  // half may be odd
+    const float2 c = *reinterpret_cast<const float2*>(row + table_slot(d0 / 2));  // d0 / 2 even
+    const float2 s =
+        make_float2(row[table_slot(half + d0 / 2)], row[table_slot(half + d0 / 2 + 1)]);  // half may be odd
     q.c[0] = q.c[1] = c.x, q.c[2] = q.c[3] = c.y;
     q.s[0] = -s.x, q.s[1] = s.x, q.s[2] = -s.y, q.s[3] = s.y;
   } else {
@@ -151,8 +160,8 @@ __device__ __forceinline__ Quad table_quad(const RopeParams& p, const float* row
     for (int k = 0; k < 4; ++k) {
       const int d = d0 + k;
       const int j = d < p.rotary_dim ? int(rope::pair_index(d, half, true)) : 0;
-      q.c[k] = row[j];
-      q.s[k] = rope::first_of_pair(d, half, true) ? -row[half + j] : row[half + j];
+      q.c[k] = row[table_slot(j)];
+      q.s[k] = rope::first_of_pair(d, half, true) ? -row[table_slot(half + j)] : row[table_slot(half + j)];
     }
   }
   return q;
