@@ -12,8 +12,9 @@
 //     common shape (common_shape below) takes this kernel at decode sizes too, with one row per CTA;
 //   one CTA per row (span = all items, up to 1024 threads): the test hook's "oneshot", and rows of more than
 //     65535 chunks.
-// Every CTA stages its rows' cos/sin table rows in shared memory as float32 (one load per column; rope_unit.cuh's
-// table_slot places the columns).
+// Every CTA stages its rows' cos/sin table rows in shared memory as float32 (one load per column, or in the
+// multi-row common instances a 16-byte aligned float32 table copied by cp.async; rope_unit.cuh's table_slot places
+// the columns).
 // The per-unit work (pair partners, rounding, FP8 Q, quantization) is rope_unit.cuh's.
 // Launched with programmatic dependent launch on sm_90+ (programmatic_launch.cuh).
 #include <cuda_runtime.h>
@@ -227,7 +228,22 @@ __global__ void __launch_bounds__(kChunkThreads,
     in_table_rows |= uint32_t(in_table) << r;
     sources[r] = rope_table_row(p, in_table ? int64_t(positions[r]) : 0);
   }
-  for (uint32_t j0 = threadIdx.x; j0 < uint32_t(columns) && threadIdx.x < stagers; j0 += 2 * stagers) {
+  // Multi-row common instances (prefill) with a float32 table whose rows are 16-byte aligned: the rows copied as
+  // they are, 16 bytes per instruction (cos | sin; the common shape's reads stay below R, so the padding is not
+  // written), without a register or a conversion. The one-row instances keep the loads: a copy's wait would sit
+  // on decode's path before the barrier (docs/PERFORMANCE.md section 10, ta and r13).
+  constexpr bool kCopyTable = common(kShape) && kRows > 1;
+  const bool copy_table = kCopyTable && a.table16;
+  if (copy_table) {
+    const uint32_t chunks = uint32_t(p.rotary_dim / 4);  // 16-byte chunks per row
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {  // unrolled: sources[] stays in registers
+      for (uint32_t k = threadIdx.x; ((in_table_rows >> r) & 1u) && k < chunks && threadIdx.x < stagers; k += stagers) {
+        copy16_async(tables + r * floats + table_slot(int(4 * k)), static_cast<const float*>(sources[r]) + 4 * k);
+      }
+    }
+  }
+  for (uint32_t j0 = threadIdx.x; !copy_table && j0 < uint32_t(columns) && threadIdx.x < stagers; j0 += 2 * stagers) {
     uint32_t bits[kRows][2];  // zero bits: 0.0f in every table type
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -407,6 +423,8 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
   a.q_out16 = aligned16(p.q_out.data, p.q_out.row_stride, p.q_out.head_stride, q_out_item);
   a.k_out16 = p.k_out.data == nullptr || aligned16(p.k_out.data, p.k_out.row_stride, p.k_out.head_stride, 2);
   a.cache_store8 = aligned8(p.append.k_data) && aligned8(p.append.v_data);
+  a.table16 = p.cos_sin_type == rope::TableType::kFloat32 && reinterpret_cast<uintptr_t>(p.cos_sin) % 16 == 0 &&
+              (p.cos_sin_row_stride * 4) % 16 == 0 && p.rotary_dim % 4 == 0;
   const int64_t half = p.rotary_dim / 2;
   const Pairs pairs = !p.neox ? Pairs::kGptJ : half % 16 == 0 ? Pairs::kNeoxAligned : Pairs::kNeoxStaged;
   // The rows kernel takes chunks with 16-byte aligned inputs ("split" keeps the decode kernel): several rows per

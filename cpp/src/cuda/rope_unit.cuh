@@ -75,6 +75,7 @@ struct RopeLaunch {
   bool q_out16;
   bool k_out16;
   bool cache_store8;  // 8-byte packed-data stores into both data caches
+  bool table16;       // a float32 table whose rows start 16-byte aligned (copied as they are)
 };
 
 __device__ __forceinline__ void load_unit(const uint16_t* src, bool vector, uint32_t (&w)[kWordsPerUnit]) {
