@@ -9,7 +9,8 @@
 //     128-thread chunk per CTA (one item per thread; only chunks holding K or V items follow the index chain);
 //   prefill, 16-byte aligned inputs: rope_append_rows_kernel, 2 or 4 rows of one chunk per CTA, the inputs
 //     staged in shared memory by cp.async so that more bytes are in flight than registers could hold; the
-//     common shape (common_shape below) takes this kernel at decode sizes too, with one row per CTA;
+//     common shape (common_shape below) takes this kernel at decode sizes too, with one row per CTA (and
+//     256-thread chunks with 16-bit Q);
 //   one CTA per row (span = all items, up to 1024 threads): the test hook's "oneshot", and rows of more than
 //     65535 chunks.
 // Every CTA stages its rows' cos/sin table rows in shared memory as float32 (one load per column, or in the
@@ -34,6 +35,10 @@ namespace {
 constexpr uint32_t kLanes = 32;
 constexpr uint32_t kMaxThreads = 1024;
 constexpr uint32_t kChunkThreads = 128;
+// The one-row common instances with 16-bit Q (decode): chunks of 256 threads, a Llama row's Q in one CTA and its K
+// and V in another (two CTAs per row instead of three; faster there, slower with FP8 Q: docs/PERFORMANCE.md
+// section 10, r14).
+constexpr uint32_t kWideChunkThreads = 256;
 constexpr uint32_t kMaxChunks = 65535;  // gridDim.y
 constexpr int64_t kRowsPerCtaMinRows = 1024;
 constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
@@ -141,11 +146,18 @@ __device__ __forceinline__ void read_staged_unit(const uint32_t (&staged)[kWords
 // Load order, so that a decode row waits two memory round trips before its barrier: level 1 of the chains, the
 // positions (kept as loaded) and the input copies go out together; then the chain lanes load their page ids
 // while the other warps load the table rows.
+template <Shape kShape, int kRows>
+__host__ __device__ constexpr uint32_t rows_kernel_threads() {
+  return kShape == Shape::kCommonQ16 && kRows == 1 ? kWideChunkThreads : kChunkThreads;
+}
+
 template <bool kBF16, Pairs kPairs, Shape kShape, int kRows, typename Index>
-__global__ void __launch_bounds__(kChunkThreads,
-                                  common(kShape) && kRows > 1 ? kCommonRowsKernelCtasPerSm : kRowsKernelCtasPerSm)
+__global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
+                                  common(kShape) && kRows > 1
+                                      ? kCommonRowsKernelCtasPerSm
+                                      : kRowsKernelCtasPerSm * kChunkThreads / rows_kernel_threads<kShape, kRows>())
     rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
-  __shared__ __align__(16) uint32_t units[kRows][kChunkThreads][kWordsPerUnit];
+  __shared__ __align__(16) uint32_t units[kRows][rows_kernel_threads<kShape, kRows>()][kWordsPerUnit];
   extern __shared__ __align__(16) float tables[];  // kRows rows of table_floats(R)
   __shared__ append_kernel::Target targets[kRows];
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
@@ -308,8 +320,13 @@ bool aligned8(const CacheView& c) {
 }
 
 template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4, typename Index = void>
-cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& a, uint32_t threads, cudaStream_t stream,
+cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& chunked, uint32_t threads, cudaStream_t stream,
                         bool programmatic) {
+  RopeLaunch a = chunked;
+  if (rows_kernel_threads<kShape, kRows>() != kChunkThreads) {  // wider chunks: fewer of them than the launcher checked
+    threads = std::min(rows_kernel_threads<kShape, kRows>(), (a.items + kLanes - 1) / kLanes * kLanes);
+    a.span = threads;
+  }
   const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(threads);
   const size_t table_bytes = kRows * table_floats(p.rotary_dim) * sizeof(float);
   return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape, kRows, Index>, grid,
