@@ -47,6 +47,12 @@ constexpr int kCommonRowsKernelCtasPerSm = 10;
 
 using namespace rope_unit;
 
+// Threads per CTA of an instance of rope_append_rows_kernel.
+template <Shape kShape, int kRows>
+__host__ __device__ constexpr uint32_t rows_kernel_threads() {
+  return kShape == Shape::kCommonQ16 && kRows == 1 ? kWideChunkThreads : kChunkThreads;
+}
+
 template <bool kBF16, Pairs kPairs>
 __global__ void __launch_bounds__(kMaxThreads)
     rope_append_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
@@ -146,11 +152,6 @@ __device__ __forceinline__ void read_staged_unit(const uint32_t (&staged)[kWords
 // Load order, so that a decode row waits two memory round trips before its barrier: level 1 of the chains, the
 // positions (kept as loaded) and the input copies go out together; then the chain lanes load their page ids
 // while the other warps load the table rows.
-template <Shape kShape, int kRows>
-__host__ __device__ constexpr uint32_t rows_kernel_threads() {
-  return kShape == Shape::kCommonQ16 && kRows == 1 ? kWideChunkThreads : kChunkThreads;
-}
-
 template <bool kBF16, Pairs kPairs, Shape kShape, int kRows, typename Index>
 __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
                                   common(kShape) && kRows > 1
