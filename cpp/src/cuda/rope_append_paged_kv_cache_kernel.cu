@@ -320,12 +320,17 @@ bool aligned8(const CacheView& c) {
          c.head_stride % 8 == 0;
 }
 
+// Threads of a CTA of at most `limit` threads over `items` items: whole warps.
+uint32_t cta_threads(uint64_t items, uint32_t limit) {
+  return uint32_t(std::min<uint64_t>(limit, (items + kLanes - 1) / kLanes * kLanes));
+}
+
 template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4, typename Index = void>
 cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& chunked, uint32_t threads, cudaStream_t stream,
                         bool programmatic) {
   RopeLaunch a = chunked;
   if (rows_kernel_threads<kShape, kRows>() != kChunkThreads) {  // wider chunks: fewer of them than the launcher checked
-    threads = std::min(rows_kernel_threads<kShape, kRows>(), (a.items + kLanes - 1) / kLanes * kLanes);
+    threads = cta_threads(a.items, rows_kernel_threads<kShape, kRows>());
     a.span = threads;
   }
   const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(threads);
@@ -430,8 +435,7 @@ int launch_rope_append_paged_kv_cache(const RopeParams& p, void* stream, const c
   a.items = uint32_t(items);
   const bool chunked =
       kernel_mode::forced() != kernel_mode::kForceOneShot && items <= uint64_t(kMaxChunks) * kChunkThreads;
-  const uint32_t threads =
-      uint32_t(std::min<uint64_t>(chunked ? kChunkThreads : kMaxThreads, (items + kLanes - 1) / kLanes * kLanes));
+  const uint32_t threads = cta_threads(items, chunked ? kChunkThreads : kMaxThreads);
   a.span = chunked ? threads : a.items;
   a.iterations = (a.span + threads - 1) / threads;
   const int64_t q_out_item = p.q_out_fp8 ? 1 : 2;
