@@ -25,78 +25,20 @@
 #include <string>
 #include <vector>
 
-#include "../tests/gpu/check_cuda.h"
 #include "cuda/append_paged_kv_cache_kernel.cu"  // the op's own kernels and launcher
 #include "cuda/block_quantizer.cuh"
 #include "cuda/programmatic_launch.cuh"
+#include "probe_timing.cuh"
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kSamples = 25;
 constexpr int kHeads = 8;
 constexpr int kPageSize = 16;
 
-// --- timing ---------------------------------------------------------------------------------------
-
-__global__ void empty_kernel() {}
-
-__global__ void read_all(const uint4* p, size_t n, uint32_t* sink) {  // the L2 flush
-  uint32_t x = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    x ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (x == 0x9E3779B9u) *sink = x;  // keeps the loads
-}
-
-struct L2Flush {
-  uint4* buffer = nullptr;
-  size_t words = 0;
-  uint32_t* sink = nullptr;
-  explicit L2Flush(size_t l2_bytes) {
-    words = 2 * l2_bytes / sizeof(uint4);
-    CHECK_CUDA(cudaMalloc(&buffer, words * sizeof(uint4)));
-    CHECK_CUDA(cudaMemset(buffer, 1, words * sizeof(uint4)));
-    CHECK_CUDA(cudaMalloc(&sink, 4));
-  }
-  void operator()(cudaStream_t s) const { read_all<<<1056, 512, 0, s>>>(buffer, words, sink); }
-};
-
-// Median over kSamples replays of `graph` (after 2 warm-up replays), divided by `launches`, in us.
-double time_graph(cudaGraphExec_t graph, int launches, cudaStream_t s, const L2Flush* flush) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 2; ++i) CHECK_CUDA(cudaGraphLaunch(graph, s));
-  std::vector<double> times;
-  for (int i = 0; i < kSamples; ++i) {
-    if (flush != nullptr) (*flush)(s);
-    CHECK_CUDA(cudaEventRecord(start, s));
-    CHECK_CUDA(cudaGraphLaunch(graph, s));
-    CHECK_CUDA(cudaEventRecord(stop, s));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms * 1e3 / launches);
-  }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-// A graph of the launches `record(i)` makes on the capturing stream, i = 0 .. launches - 1.
-cudaGraphExec_t capture(int launches, cudaStream_t s, const std::function<void(int)>& record) {
-  cudaGraph_t graph;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < launches; ++i) record(i);
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphDestroy(graph));
-  return exec;
-}
+using probe::capture;
+using probe::L2Flush;
+using probe::time_graph;
 
 __device__ __forceinline__ uint2 fold(uint4 lo, uint4 hi) {
   return make_uint2(lo.x ^ lo.z ^ hi.x ^ hi.z, lo.y ^ lo.w ^ hi.y ^ hi.w);
@@ -232,12 +174,7 @@ void probe_stream(const PrefillCase& c, size_t l2_bytes, int sms, double ceiling
   const double best_gbps = bytes / best / 1e3;
   std::printf("  => best %s: %.1f%% of the copy ceiling (target %.0f%%)\n\n", best_name.c_str(),
               100 * best_gbps / ceiling_gbps, 100 * c.target);
-  for (StreamSet& set : sets) {
-    CHECK_CUDA(cudaFree(set.in));
-    CHECK_CUDA(cudaFree(set.data));
-    CHECK_CUDA(cudaFree(set.sf));
-    CHECK_CUDA(cudaFree(set.copy));
-  }
+  for (StreamSet& set : sets) probe::free_all({set.in, set.data, set.sf, set.copy});
 }
 
 // --- 2. chain -------------------------------------------------------------------------------------
@@ -380,53 +317,19 @@ void probe_chain(int rows, double target_us, size_t l2_bytes, const L2Flush& flu
     }
   }
   std::printf("\n");
-  for (ChainSet& set : sets) {
-    for (void* p : {(void*)set.in, (void*)set.first, (void*)set.second, (void*)set.indptr, (void*)set.indices,
-                    (void*)set.data, (void*)set.sf}) {
-      CHECK_CUDA(cudaFree(p));
-    }
-  }
+  for (ChainSet& set : sets)
+    probe::free_all({set.in, set.first, set.second, set.indptr, set.indices, set.data, set.sf});
 }
 
 }  // namespace
 
 int main() {
   cudaDeviceProp props;
-  CHECK_CUDA(cudaGetDeviceProperties(&props, 0));
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const cudaStream_t s = probe::open_device(props);
   const size_t l2 = props.l2CacheSize;
 
-  // Ceilings, as the bench measures them.
-  const size_t copy_bytes = size_t(2) << 30;
-  void *src, *dst;
-  CHECK_CUDA(cudaMalloc(&src, copy_bytes));
-  CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
-  CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
-  // Eager, as torch's copy_ in the bench (a memcpy node in a graph runs slower at this size).
-  std::vector<double> copy_times;
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < kSamples + 3; ++i) {
-    CHECK_CUDA(cudaEventRecord(start, s));
-    CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, s));
-    CHECK_CUDA(cudaEventRecord(stop, s));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 3) copy_times.push_back(ms * 1e3);
-  }
-  std::sort(copy_times.begin(), copy_times.end());
-  const double copy_us = copy_times[copy_times.size() / 2];
-  const double ceiling = 2.0 * copy_bytes / copy_us / 1e3;
-  CHECK_CUDA(cudaFree(src));
-  CHECK_CUDA(cudaFree(dst));
-  cudaGraphExec_t empty = capture(1000, s, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); });
-  const double floor_us = time_graph(empty, 1000, s, nullptr);
-  CHECK_CUDA(cudaGraphExecDestroy(empty));
-  std::printf("%s, %d SMs, L2 %.0f MiB: copy ceiling %.0f GB/s (2 GiB), launch floor %.2f us\n\n", props.name,
-              props.multiProcessorCount, l2 / 1048576.0, ceiling, floor_us);
+  const probe::Ceilings ceilings = probe::measure_ceilings(props, s);
+  const double ceiling = ceilings.copy_gbps;
 
   std::printf("1. stream: only the bytes of each prefill case (32 read, 9 written per 16-value block)\n");
   const PrefillCase cases[] = {{"prefill nnz=4096 D=128", 4096, 128, 0.9},

@@ -1,5 +1,5 @@
 // CHECK_CUDA(call): print the CUDA error with its place and exit(2); for the standalone GPU programs
-// tests/gpu/codec_check.cu and tools/ceiling_probe.cu.
+// tests/gpu/codec_check.cu and the probes in tools/.
 #pragma once
 
 #include <cuda_runtime.h>

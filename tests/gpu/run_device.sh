@@ -20,7 +20,8 @@
 #   cuobjdump  the SASS/PTX listing of the installed library
 #   bench      python -m nvfp4kv.bench
 #   probe      build and run tools/ceiling_probe.cu: what a kernel that only moves each case's bytes
-#              (prefill) or only follows decode's index chain reaches on this GPU (not in the default set)
+#              (prefill) or only follows decode's index chain reaches on this GPU, and
+#              tools/rope_decode_probe.cu: the same for the fused RoPE append's decode (not in the default set)
 #
 # Logs, bench.json and bench.png go to $OUT (default ./device-out); a summary is printed last.
 set -uo pipefail
@@ -110,8 +111,10 @@ fi
 
 if has_stage probe; then
   probe() {
-    nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90 --fmad=false --prec-div=true --ftz=false -Icpp/include -Icpp/src \
-      tools/ceiling_probe.cu -o /tmp/ceiling_probe && /tmp/ceiling_probe
+    local flags="-std=c++17 -O3 -DNDEBUG -arch=sm_90 --fmad=false --prec-div=true --ftz=false -Icpp/include -Icpp/src"
+    nvcc $flags tools/ceiling_probe.cu -o /tmp/ceiling_probe && /tmp/ceiling_probe &&
+      nvcc $flags tools/rope_decode_probe.cu cpp/src/cuda/rope_append_paged_kv_cache_kernel.cu \
+        -o /tmp/rope_decode_probe && /tmp/rope_decode_probe
   }
   stage probe "$OUT/probe.log" probe
 fi
