@@ -47,6 +47,19 @@ constexpr int kThreads = 256;
 
 enum Levels { kBytes = 0, kTable = 1, kChain = 2, kStaged = 3 };
 
+// Loads in the order written (volatile): the data first, then the indices, as the op issues them.
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ int load4(const int* p) {
+  int v;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ uint2 fold(uint4 lo, uint4 hi) {
   return make_uint2(lo.x ^ lo.z ^ hi.x ^ hi.z, lo.y ^ lo.w ^ hi.y ^ hi.w);
 }
@@ -67,30 +80,32 @@ __global__ void __launch_bounds__(kThreads)
   if (kLevels < kStaged && idle) return;
   const uint32_t item = kv ? kQItems + t : t;
   uint4 lo{}, hi{};
-  if (!idle) lo = qkv[(size_t(row) * kRowUnits + item) * 2], hi = qkv[(size_t(row) * kRowUnits + item) * 2 + 1];
+  if (!idle)
+    lo = load16(qkv + (size_t(row) * kRowUnits + item) * 2),
+    hi = load16(qkv + (size_t(row) * kRowUnits + item) * 2 + 1);
   int position = 0, start = 0;
-  if constexpr (kLevels >= kTable) position = positions[row];
-  if constexpr (kLevels >= kChain) start = kv ? indptr[row] : 0;
+  if constexpr (kLevels >= kTable) position = load4(positions + row);
+  if constexpr (kLevels >= kChain) start = kv ? load4(indptr + row) : 0;
+  size_t slot = row;  // the page id's load goes out before the staging barrier, as in the op
+  if (kLevels >= kChain && kv) {
+    slot = size_t(uint32_t(load4(indices + start + position / kPageSize))) * kPageSize + position % kPageSize;
+  }
   const uint4* row_table = table + size_t(position) * (kHeadDim / 4);
   if constexpr (kLevels == kStaged) {  // the table row through shared memory and one barrier, as the op stages it
     __shared__ uint4 staged[kHeadDim / 4];
-    if (t < kHeadDim / 4) staged[t] = row_table[t];
+    if (t < kHeadDim / 4) staged[t] = load16(row_table + t);
     __syncthreads();
     if (idle) return;
     row_table = staged;
   }
   if constexpr (kLevels >= kTable) {
-    const uint4 c = row_table[t % (kHeadDim / 4)];
+    const uint4 c = kLevels == kStaged ? row_table[t % (kHeadDim / 4)] : load16(row_table + t % (kHeadDim / 4));
     lo.x ^= c.x, lo.y ^= c.y, hi.z ^= c.z, hi.w ^= c.w;
   }
   if (!kv) {
     q_out[(size_t(row) * kQItems + t) * 2] = lo;
     q_out[(size_t(row) * kQItems + t) * 2 + 1] = hi;
     return;
-  }
-  size_t slot = row;
-  if constexpr (kLevels >= kChain) {
-    slot = size_t(uint32_t(indices[start + position / kPageSize])) * kPageSize + position % kPageSize;
   }
   const uint32_t head = (t / kUnits) % kKvHeads, unit = t % kUnits;
   const bool value = t >= kKvItems / 2;
