@@ -11,6 +11,7 @@
 //   + chain:    and in the K/V CTA the page table's chain: position, kv_indptr read at the row (the op's guess
 //               b == row), then the page id (two dependent loads), the cache slot on that page;
 //   + staged:   and the table row staged in shared memory with one barrier per CTA, as the op stages it.
+// Beside them the op on the same sets, whole and in two parts: its K/V CTAs alone, and without placing a row.
 // Per launch inside a CUDA graph of up to 1024 launches over rotated input sets, programmatic launch on (as the
 // op launches), L2 flushed before each sample when the sets do not fill 4.5x L2. The rope positions are the cache
 // positions (one tensor, as in the bench), so the table's rows stay in L2 as they do there.
@@ -47,16 +48,20 @@ constexpr int kThreads = 256;
 
 enum Levels { kBytes = 0, kTable = 1, kChain = 2, kStaged = 3 };
 
-// Loads in the order written (volatile): the data first, then the indices, as the op issues them.
+// Volatile loads: issued in the order written (the data first, then the indices, as the op issues them); a plain
+// load may be scheduled behind a load that waits for an index, and hold its bytes back one round trip.
 __device__ __forceinline__ uint4 load16(const uint4* p) {
   uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
   return v;
 }
 
 __device__ __forceinline__ int load4(const int* p) {
   int v;
-  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -80,9 +85,10 @@ __global__ void __launch_bounds__(kThreads)
   if (kLevels < kStaged && idle) return;
   const uint32_t item = kv ? kQItems + t : t;
   uint4 lo{}, hi{};
-  if (!idle)
-    lo = load16(qkv + (size_t(row) * kRowUnits + item) * 2),
+  if (!idle) {
+    lo = load16(qkv + (size_t(row) * kRowUnits + item) * 2);
     hi = load16(qkv + (size_t(row) * kRowUnits + item) * 2 + 1);
+  }
   int position = 0, start = 0;
   if constexpr (kLevels >= kTable) position = load4(positions + row);
   if constexpr (kLevels >= kChain) start = kv ? load4(indptr + row) : 0;
@@ -219,18 +225,27 @@ void probe_rows(int rows, const probe::Ceilings& ceilings, size_t l2_bytes, cons
           set.indptr, set.indices, reinterpret_cast<const uint4*>(table), reinterpret_cast<uint4*>(set.q_out),
           set.k_data, set.v_data, set.k_sf, set.v_sf));
     });
-    std::printf("  skeleton %-8s %6.2f us\n", names[k], probe::time_graph(g, launches, s, each_sample));
+    std::printf("  skeleton %-13s %6.2f us\n", names[k], probe::time_graph(g, launches, s, each_sample));
     CHECK_CUDA(cudaGraphExecDestroy(g));
   }
-  cudaGraphExec_t g = probe::capture(launches, s, [&](int i) {
-    const char* error = "";
-    if (nvfp4kv::launch_rope_append_paged_kv_cache(op_params(sets[i], rows, table), s, &error) != 0) {
-      std::printf("launch failed: %s\n", error);
-      std::exit(2);
-    }
-  });
-  std::printf("  the op             %6.2f us\n\n", probe::time_graph(g, launches, s, each_sample));
-  CHECK_CUDA(cudaGraphExecDestroy(g));
+  // The op, then two parts of it: its K/V CTAs alone (no Q heads) and everything but the placement (no row placed:
+  // no index chain, no quantization, K rotated and dropped).
+  const char* op_names[3] = {"the op", "the op, no Q heads", "the op, no row placed"};
+  for (int k = 0; k < 3; ++k) {
+    cudaGraphExec_t g = probe::capture(launches, s, [&](int i) {
+      nvfp4kv::RopeParams p = op_params(sets[i], rows, table);
+      if (k == 1) p.num_q_heads = 0;
+      if (k == 2) p.append.nnz = 0;
+      const char* error = "";
+      if (nvfp4kv::launch_rope_append_paged_kv_cache(p, s, &error) != 0) {
+        std::printf("launch failed: %s\n", error);
+        std::exit(2);
+      }
+    });
+    std::printf("  %-22s %6.2f us\n", op_names[k], probe::time_graph(g, launches, s, each_sample));
+    CHECK_CUDA(cudaGraphExecDestroy(g));
+  }
+  std::printf("\n");
   for (RopeSet& set : sets) {
     probe::free_all({set.qkv, set.q_out, set.positions, set.batch, set.indptr, set.indices, set.k_data, set.v_data,
                      set.k_sf, set.v_sf});
