@@ -37,6 +37,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--graph-launches", type=int, default=1024, help="decode launches per CUDA graph")
     parser.add_argument("--no-baseline", action="store_true", help="skip the pure-PyTorch baseline")
     parser.add_argument(
+        "--no-unfused",
+        action="store_true",
+        help="skip the unfused pipeline beside the fused RoPE cases (its RoPE compiles once per case)",
+    )
+    parser.add_argument(
         "--only", default="", help="run the cases whose name contains one of these comma-separated texts"
     )
     parser.add_argument(
@@ -102,7 +107,7 @@ def run_case(case: Case, l2_bytes: int, ceiling: float, flusher: L2Flusher, args
     launches = min(count, args.graph_launches if case.kind == "decode" else calls)
     result.kernel = rate(Stats.of(graph_times(sets.append, launches, args.samples, flush)), case.bytes_moved, ceiling)
     result.kernel["launches_per_graph"] = launches
-    if case.q_heads:  # the unfused pipeline the fused RoPE op replaces, timed the same way
+    if case.q_heads and not args.no_unfused:  # the unfused pipeline the fused RoPE op replaces, timed the same way
         sets.unfused(0)  # compiles it before the capture
         result.unfused = rate(
             Stats.of(graph_times(sets.unfused, launches, args.samples, flush)), case.bytes_moved, ceiling
