@@ -42,6 +42,8 @@ constexpr uint32_t kWideChunkThreads = 256;
 constexpr uint32_t kMaxChunks = 65535;  // gridDim.y
 constexpr int64_t kRowsPerCtaMinRows = 1024;
 constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
+// The decode kernel holds its unit's table in registers: 80 registers, 24 warps per SM.
+constexpr int kDecodeCtasPerSm = 6;
 // The common shape with several rows per CTA: 48 registers (sm_90: no spills but 8-24 bytes in the fp16 FP8-Q ones).
 constexpr int kCommonRowsKernelCtasPerSm = 10;
 
@@ -310,6 +312,66 @@ __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
   }
 }
 
+// The common shape's decode instances (below kRowsPerCtaMinRows rows): CTA (row, chunk of the rows kernel's
+// one-row instances), no shared memory and no barrier. Each thread loads its unit into registers, its unit's
+// cos/sin columns from the table row (load_unit_table) and, in K/V threads, the row's index chain itself (the
+// warp's lanes load the same addresses); the NeoX partner, unit u +- G / 2 on the neighbour lane (the rows kernel's
+// lane pairs), comes by shuffle. Load order: level 1 of the chain, the RoPE position and the unit's values
+// together; then the table row and the page id, while the values are in flight.
+template <bool kBF16, Shape kShape, typename Index>
+__global__ void __launch_bounds__(rows_kernel_threads<kShape, 1>(),
+                                  kDecodeCtasPerSm* kChunkThreads / rows_kernel_threads<kShape, 1>())
+    rope_append_decode_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
+  static_assert(common(kShape), "the decode kernel serves the common shape");
+  constexpr Pairs kPairs = Pairs::kNeoxAligned;
+  const int64_t row = blockIdx.x;
+  const uint32_t slot = threadIdx.x & ((1u << a.group_shift) - 1);
+  const uint32_t unit = (slot >> 1) | ((slot & 1u) << (a.group_shift - 1));  // lane pairs (u, u + G / 2)
+  const uint32_t chunk = gridDim.y - 1 - blockIdx.y;  // the K/V chunk first, as in the rows kernel
+  const uint32_t item = chunk * a.span + threadIdx.x;
+  const Head h = head_of(p, item >> a.group_shift);
+  const AppendParams& ap = p.append;
+  const bool kv_item = item < a.items && !h.is_q;
+  const bool chain = kv_item && row < a.placeable_rows;
+  const auto chain_addresses = append_kernel::row_index_addresses<Index>(ap, a, chain ? row : 0);
+  const uint16_t* input = item_source(p, row, h, unit);
+  programmatic_launch::warm_parameter_cache(p, a);
+  programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
+  programmatic_launch::allow_next_kernel();
+
+  append_kernel::RowIndicesOf<append_kernel::LoadedIndex<Index>> indices{0, 0, 0, 0};
+  if (chain) indices = append_kernel::load_row_indices_as_loaded<Index>(ap, a, row, chain_addresses);
+  const append_kernel::LoadedIndex<Index> position = append_kernel::read_loaded_index<Index>(p.rope_positions, row);
+  const bool loaded = item < a.items;
+  uint32_t w[kWordsPerUnit] = {};
+  if (loaded) {
+    if (h.is_q) {
+      load_unit_plain(input, true, w);
+    } else {
+      load_unit(input, true, w);
+    }
+  }
+  const bool q_fp8 = q_out_fp8<kShape>(p);
+  const float q_scale = q_fp8 ? rope_q_scale(p) : 1.0f;
+  const bool in_table = position >= 0 && position < p.max_pos;
+  UnitTable table{};
+  if (loaded && in_table && (h.is_q || h.is_k)) {
+    table = load_unit_table(p, a.table16, rope_table_row(p, int64_t(position)), unit);
+  }
+  append_kernel::PendingTarget<Index> target{0, 0, false};
+  if (chain) target = append_kernel::start_pending_target<Index, true>(ap, a, row, indices);
+  const KvScale kv = kv_scale_of(p, h);
+  const bool write_q = !q_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
+  const float q_inverse = q_fp8 ? block_quantizer::division_inverse(q_scale) : 0.0f;
+  uint32_t partner[kWordsPerUnit];  // every lane of the warp takes part
+#pragma unroll
+  for (int k = 0; k < 8; ++k) partner[k] = __shfl_xor_sync(0xFFFFFFFFu, w[k], 1);
+  if (!loaded || (h.is_q && !write_q)) return;
+  const append_kernel::Target t = append_kernel::resolved(target);
+  write_item<kBF16, kPairs, kShape>(p, a, table, in_table, row, h, unit, w, partner, t, t.ok && in_table, q_scale,
+                                    q_inverse, kv);
+}
+
 bool aligned16(const void* pointer, int64_t row_stride, int64_t head_stride, int64_t item) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0 && (row_stride * item) % 16 == 0 &&
          (head_stride * item) % 16 == 0;
@@ -352,16 +414,26 @@ bool common_shape(const RopeParams& p, const RopeLaunch& a, Pairs pairs) {
 // Rows per CTA (docs/PERFORMANCE.md section 10): the common shape takes the rows kernel at every size, one row
 // per CTA below kRowsPerCtaMinRows rows (faster than the decode kernel there), and from there on 2 with 16-bit Q
 // and 4 with FP8 Q (whose CTAs do more arithmetic per row); other shapes take 4 from kRowsPerCtaMinRows on.
+template <bool kBF16, Shape kShape, typename Index>
+cudaError_t launch_decode(const RopeParams& p, const RopeLaunch& chunked, cudaStream_t stream, bool programmatic) {
+  RopeLaunch a = chunked;
+  const uint32_t threads = cta_threads(a.items, rows_kernel_threads<kShape, 1>());
+  a.span = threads;
+  const dim3 grid(uint32_t(p.rows), (a.items + a.span - 1) / a.span), block(threads);
+  return programmatic_launch::launch_with_shared(rope_append_decode_kernel<kBF16, kShape, Index>, grid, block, 0,
+                                                 stream, programmatic, p, a);
+}
+
 template <bool kBF16, typename Index>
 cudaError_t launch_common(const RopeParams& p, const RopeLaunch& a, uint32_t threads, bool rows_per_cta,
                           cudaStream_t stream, bool programmatic) {
   constexpr Pairs kNeox = Pairs::kNeoxAligned;
   if (p.q_out_fp8) {
     return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 4, Index>(p, a, threads, stream, programmatic)
-                        : launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 1, Index>(p, a, threads, stream, programmatic);
+                        : launch_decode<kBF16, Shape::kCommonQFp8, Index>(p, a, stream, programmatic);
   }
   return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQ16, 2, Index>(p, a, threads, stream, programmatic)
-                      : launch_rows<kBF16, kNeox, Shape::kCommonQ16, 1, Index>(p, a, threads, stream, programmatic);
+                      : launch_decode<kBF16, Shape::kCommonQ16, Index>(p, a, stream, programmatic);
 }
 
 // The common instances are built per index dtype (the cache indices and the RoPE positions: one load per value

@@ -168,6 +168,48 @@ __device__ __forceinline__ Quad table_quad(const RopeParams& p, const float* row
   return q;
 }
 
+// The unit's four quads read from the table row in global memory into registers (the common shape's one-row
+// instances, which stage nothing: NeoX aligned, R = D), so that their loads go out before the unit's values arrive.
+struct UnitTable {
+  Quad quads[4];
+};
+
+// `row`: the position's table row; fp32 with 16-byte aligned rows (RopeLaunch::table16) in float4 loads, else one
+// load per column (fp16 / bf16 widened exactly).
+__device__ __forceinline__ UnitTable load_unit_table(const RopeParams& p, bool table16, const void* row,
+                                                     uint32_t unit) {
+  UnitTable t;
+  const int half = int(p.rotary_dim / 2);
+  const int base = int(unit) * 16 < half ? int(unit) * 16 : int(unit) * 16 - half;
+  if (table16) {
+    const float4* c = reinterpret_cast<const float4*>(static_cast<const float*>(row) + base);
+    const float4* s = reinterpret_cast<const float4*>(static_cast<const float*>(row) + half + base);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 cv = __ldg(c + k), sv = __ldg(s + k);
+      t.quads[k] = Quad{{cv.x, cv.y, cv.z, cv.w}, {sv.x, sv.y, sv.z, sv.w}};
+    }
+    return t;
+  }
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    t.quads[k / 4].c[k % 4] = rope::table_value(row, base + k, p.cos_sin_type);
+    t.quads[k / 4].s[k % 4] = rope::table_value(row, half + base + k, p.cos_sin_type);
+  }
+  return t;
+}
+
+// Quad k0 / 4 of the unit: from the row staged in shared memory, or from the registers of load_unit_table.
+template <Pairs kPairs>
+__device__ __forceinline__ Quad quad_of(const RopeParams& p, const float* row, uint32_t unit, int k0) {
+  return table_quad<kPairs>(p, row, unit, k0);
+}
+
+template <Pairs kPairs>
+__device__ __forceinline__ Quad quad_of(const RopeParams&, const UnitTable& t, uint32_t, int k0) {
+  return t.quads[k0 / 4];
+}
+
 // Two fp32 values rounded like round16 (NaN aside) and packed, lo in the low half: one hardware conversion.
 template <bool kBF16>
 __device__ __forceinline__ uint32_t round16x2(float lo, float hi) {
@@ -205,8 +247,8 @@ __device__ __forceinline__ void staged_partner(const RopeParams& p, int64_t half
 // The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
 // `partner` (NeoX) or the other half of its own word (GPT-J). A unit wholly below R (the common case) rounds two
 // values per conversion and, with canonical_nans, canonicalises NaNs (rope_rotation.h) when one of the 16 is one.
-template <bool kBF16, Pairs kPairs, Shape kShape>
-__device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* row, uint32_t unit,
+template <bool kBF16, Pairs kPairs, Shape kShape, typename Table>
+__device__ __forceinline__ void rotate_unit(const RopeParams& p, const Table& row, uint32_t unit,
                                             const uint32_t (&w)[kWordsPerUnit],
                                             const uint32_t (&partner)[kWordsPerUnit], bool canonical_nans,
                                             uint32_t (&out)[kWordsPerUnit]) {
@@ -223,7 +265,7 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* ro
   if (common(kShape) || rotated >= 16) {
 #pragma unroll
     for (int k0 = 0; k0 < 16; k0 += 4) {
-      const Quad q = table_quad<kPairs>(p, row, unit, k0);
+      const Quad q = quad_of<kPairs>(p, row, unit, k0);
 #pragma unroll
       for (int k = k0; k < k0 + 4; k += 2) {
         float turned[2];
@@ -255,7 +297,7 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const float* ro
 #pragma unroll
     for (int k0 = 0; k0 < 16; k0 += 4) {  // fully unrolled, no early exit: w and out stay in registers
       Quad q{};
-      if (k0 < rotated) q = table_quad<kPairs>(p, row, unit, k0);
+      if (k0 < rotated) q = quad_of<kPairs>(p, row, unit, k0);
 #pragma unroll
       for (int k = k0; k < k0 + 4; ++k) {
         const uint32_t bits = half_of(w, k);
@@ -378,8 +420,8 @@ __device__ __forceinline__ KvScale kv_scale_of(const RopeParams& p, const Head& 
 }
 
 // Q to q_out, or K to k_out and the cache, or V to the cache: one head's unit after its partner exchange.
-template <bool kBF16, Pairs kPairs, Shape kShape>
-__device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const float* table, bool in_table,
+template <bool kBF16, Pairs kPairs, Shape kShape, typename Table>
+__device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const Table& table, bool in_table,
                                            int64_t row, const Head& h, uint32_t unit,
                                            const uint32_t (&w)[kWordsPerUnit], const uint32_t (&partner)[kWordsPerUnit],
                                            const append_kernel::Target& t, bool placed, float q_scale, float q_inverse,
