@@ -295,12 +295,12 @@ __global__ void __launch_bounds__(kChunkThreads, common(kShape) ? kCommonRowsKer
   }
 }
 
-// The common shape below kRowsPerCtaMinRows rows: CTA (row, chunk of decode_kernel_threads items), no shared
-// memory and no barrier. Each thread loads its unit into registers, its unit's
-// cos/sin columns from the table row (load_unit_table) and, in K/V threads, the row's index chain itself (the
-// warp's lanes load the same addresses); the NeoX partner, unit u +- G / 2 on the neighbour lane (the rows kernel's
-// lane pairs), comes by shuffle. Load order: level 1 of the chain, the RoPE position and the unit's values
-// together; then the table row and the page id, while the values are in flight.
+// The common shape below kRowsPerCtaMinRows rows: CTA (row, chunk of decode_kernel_threads items), no shared memory and
+// no barrier. Each thread loads its unit into registers, its unit's cos/sin columns from the table row
+// (load_unit_table) and, in K/V threads, the row's index chain itself (the warp's lanes load the same addresses); the
+// NeoX partner, unit u +- G / 2 on the neighbour lane (the rows kernel's lane pairs), comes by shuffle. Load order:
+// level 1 of the chain, the RoPE position and the unit's values together; then the table row and the page id, while the
+// values are in flight.
 template <bool kBF16, Shape kShape, typename Index>
 __global__ void __launch_bounds__(decode_kernel_threads<kShape>(),
                                   kDecodeCtasPerSm* kChunkThreads / decode_kernel_threads<kShape>())
