@@ -177,16 +177,34 @@ INDEX_DTYPES = {
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_common_shape_instances_match_reference(head_dim, dtype, q_mode, indices, forced_kernel_mode):
-    """The rows kernel's own instances for the common (Llama-like) calls, one row per CTA at this small size
-    ("auto") and several ("pair"): NeoX pairs over the whole head, no k_out, the plain recipe, packed 16-byte
-    aligned inputs; 16-bit and FP8 Q, special values, positions outside the table, both V-scale layouts, both
-    index variants and the index dtypes each instance is built for."""
+    """The common (Llama-like) calls' own CUDA instances: the decode kernel at this small size ("auto") and the rows
+    kernel with several rows per CTA ("pair"): NeoX pairs over the whole head, no k_out, the plain recipe, packed
+    16-byte aligned inputs; 16-bit and FP8 Q, special values, positions outside the table, both V-scale layouts,
+    both index variants and the index dtypes each instance is built for."""
     index_dtype, rope_index_dtype = INDEX_DTYPES[indices]
     case = make_rope_case(head_dim=head_dim, dtype=dtype, packed=True, special_values=True, index_dtype=index_dtype,
                           rope_index_dtype=rope_index_dtype,
                           seed=seed_of("common shape", head_dim, str(dtype), q_mode, indices))  # fmt: skip
     assert_rope_matches(case, "cuda", q_mode=q_mode, slots=head_dim == 128, k_out=False,
                         v_sf_layout="trtllm" if dtype == torch.float16 else "linear")  # fmt: skip
+
+
+@pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
+@pytest.mark.parametrize("indices", INDEX_DTYPES)
+@pytest.mark.parametrize("q_mode", ["new", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("decode", [False, True], ids=["prefill_table", "decode_table"])
+def test_common_shape_between_the_decode_and_multi_row_sizes(decode, dtype, q_mode, indices):
+    """Common calls of more rows than the CUDA decode kernel takes (64) and fewer than the rows kernel's multi-row
+    instances start at (1024): its one-row instances, with requests of one token (the chain's decode guess) and of
+    many."""
+    index_dtype, rope_index_dtype = INDEX_DTYPES[indices]
+    seed = seed_of("one-row common", decode, str(dtype), q_mode, indices)
+    case = make_rope_case(head_dim=128, dtype=dtype, packed=True, special_values=True, index_dtype=index_dtype,
+                          rope_index_dtype=rope_index_dtype, decode=decode, batch_size=80 if decode else 24,
+                          max_tokens=40, seed=seed)  # fmt: skip
+    assert 64 < case.query.shape[0] < 1024
+    assert_rope_matches(case, "cuda", q_mode=q_mode, slots=not decode, k_out=False)
 
 
 @pytest.mark.parametrize("q_mode", ["new", "fp8"])

@@ -5,18 +5,20 @@
 // item = head * G + unit over the row's heads Q [0, Hq), K [Hq, Hq + Hkv), V [Hq + Hkv, Hq + 2 Hkv). A CTA takes
 // the items [chunk * span, (chunk + 1) * span) of its rows, thread t items t, t + threads, ... of them. Four
 // shapes (docs/PERFORMANCE.md section 10 has their measurements):
-//   the common shape (common_shape below) up to kRowsPerCtaMinRows rows: rope_append_decode_kernel, one row and
+//   the common shape (common_shape below) up to kDecodeKernelMaxRows rows: rope_append_decode_kernel, one row and
 //     a 256-thread (16-bit Q) or 128-thread (FP8 Q) chunk per CTA, no shared memory and no barrier: each thread
 //     loads its unit, its unit's table columns and (K/V) the row's index chain itself;
 //   other shapes up to kRowsPerCtaMinRows rows (rope_append_kernel): one row and a 128-thread chunk per CTA (one
 //     item per thread; only chunks holding K or V items follow the index chain);
 //   prefill, 16-byte aligned inputs: rope_append_rows_kernel, 2 or 4 rows of one chunk per CTA, the inputs
-//     staged in shared memory by cp.async so that more bytes are in flight than registers could hold;
+//     staged in shared memory by cp.async so that more bytes are in flight than registers could hold; the
+//     common shape takes this kernel with one row per CTA (and 256-thread chunks with 16-bit Q) from
+//     kDecodeKernelMaxRows rows to kRowsPerCtaMinRows;
 //   one CTA per row (span = all items, up to 1024 threads): the test hook's "oneshot", and rows of more than
 //     65535 chunks.
 // Every CTA but the common decode kernel's stages its rows' cos/sin table rows in shared memory as float32 (one
-// load per column, or in the common instances a 16-byte aligned float32 table copied by cp.async; rope_unit.cuh's
-// table_slot places the columns).
+// load per column, or in the multi-row common instances a 16-byte aligned float32 table copied by cp.async;
+// rope_unit.cuh's table_slot places the columns).
 // The per-unit work (pair partners, rounding, FP8 Q, quantization) is rope_unit.cuh's.
 // Launched with programmatic dependent launch on sm_90+ (programmatic_launch.cuh).
 #include <cuda_runtime.h>
@@ -36,12 +38,16 @@ namespace {
 constexpr uint32_t kLanes = 32;
 constexpr uint32_t kMaxThreads = 1024;
 constexpr uint32_t kChunkThreads = 128;
-// The common shape's decode kernel with 16-bit Q: chunks of 256 threads, a Llama row's Q in one CTA and its K and V
-// in another (two CTAs per row instead of three; faster there, slower with FP8 Q: docs/PERFORMANCE.md section 10,
-// r14).
+// The common shape's one-row instances with 16-bit Q (both kernels): chunks of 256 threads, a Llama row's Q in one CTA
+// and its K and V in another (two CTAs per row instead of three; faster there, slower with FP8 Q: docs/PERFORMANCE.md
+// section 10, r14).
 constexpr uint32_t kWideChunkThreads = 256;
 constexpr uint32_t kMaxChunks = 65535;  // gridDim.y
 constexpr int64_t kRowsPerCtaMinRows = 1024;
+// The common shape's barrier-free decode kernel up to this many rows, and above them the rows kernel's one-row
+// instances, which fit four CTAs of 256 threads per SM to its three (on an H100 the decode kernel is 0.05 us faster
+// at 64 rows and 1.3 us slower at 256: docs/PERFORMANCE.md section 10, r15).
+constexpr int64_t kDecodeKernelMaxRows = 64;
 constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
 // The decode kernel holds its unit's table in registers: 80 registers, 24 warps per SM.
 constexpr int kDecodeCtasPerSm = 6;
@@ -50,10 +56,10 @@ constexpr int kCommonRowsKernelCtasPerSm = 10;
 
 using namespace rope_unit;
 
-// Threads per CTA of an instance of rope_append_decode_kernel.
-template <Shape kShape>
-__host__ __device__ constexpr uint32_t decode_kernel_threads() {
-  return kShape == Shape::kCommonQ16 ? kWideChunkThreads : kChunkThreads;
+// Threads per CTA of an instance of rope_append_rows_kernel (and with kRows = 1 of rope_append_decode_kernel).
+template <Shape kShape, int kRows>
+__host__ __device__ constexpr uint32_t rows_kernel_threads() {
+  return kShape == Shape::kCommonQ16 && kRows == 1 ? kWideChunkThreads : kChunkThreads;
 }
 
 template <bool kBF16, Pairs kPairs>
@@ -152,13 +158,16 @@ __device__ __forceinline__ void read_staged_unit(const uint32_t (&staged)[kWords
 // positions and table rows are loaded once for all of them, and lane r < kRows of the last warp follows row
 // r's index chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are
 // read from the staged units. Index: the type of every index tensor and the RoPE positions (void: a mix).
-// Load order, so that a row waits two memory round trips before its barrier: level 1 of the chains, the positions
-// (kept as loaded) and the input copies go out together; then the chain lanes load their page ids while the other
-// warps load the table rows.
+// Load order, so that a decode row waits two memory round trips before its barrier: level 1 of the chains, the
+// positions (kept as loaded) and the input copies go out together; then the chain lanes load their page ids
+// while the other warps load the table rows.
 template <bool kBF16, Pairs kPairs, Shape kShape, int kRows, typename Index>
-__global__ void __launch_bounds__(kChunkThreads, common(kShape) ? kCommonRowsKernelCtasPerSm : kRowsKernelCtasPerSm)
+__global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
+                                  common(kShape) && kRows > 1
+                                      ? kCommonRowsKernelCtasPerSm
+                                      : kRowsKernelCtasPerSm * kChunkThreads / rows_kernel_threads<kShape, kRows>())
     rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
-  __shared__ __align__(16) uint32_t units[kRows][kChunkThreads][kWordsPerUnit];
+  __shared__ __align__(16) uint32_t units[kRows][rows_kernel_threads<kShape, kRows>()][kWordsPerUnit];
   extern __shared__ __align__(16) float tables[];  // kRows rows of table_floats(R)
   __shared__ append_kernel::Target targets[kRows];
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
@@ -182,9 +191,18 @@ __global__ void __launch_bounds__(kChunkThreads, common(kShape) ? kCommonRowsKer
   const int64_t chain_row = row0 + chain_lane;
   const bool chain = chain_lane < kRows && has_kv_items && chain_row < a.placeable_rows;
   const auto chain_addresses = append_kernel::row_index_addresses<Index>(ap, a, chain ? chain_row : 0);
-  const uint16_t* inputs[kRows];  // the thread's unit in each row (addresses only: computed before the wait)
+  // What the thread stages of each row (addresses only: computed before the wait): its own unit's two halves, or in
+  // the one-row common instances half e = t % 2 of its lane pair's unit u (the one below G / 2), then of unit
+  // u + G / 2, so that each copy instruction moves whole units (complete 32-byte sectors): faster at decode, slower
+  // with several rows per CTA (docs/PERFORMANCE.md section 10, r12).
+  constexpr bool kPairCopies = common(kShape) && kRows == 1;
+  const uint32_t pair_half = kPairCopies ? threadIdx.x & 1u : 0u;
+  const uint16_t* inputs[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) inputs[r] = item_source(p, row0 + r, h, unit);
+  for (int r = 0; r < kRows; ++r) {
+    inputs[r] =
+        kPairCopies ? item_source(p, row0 + r, h, slot >> 1) + 8 * pair_half : item_source(p, row0 + r, h, unit);
+  }
   programmatic_launch::warm_parameter_cache(p, a);
   programmatic_launch::wait_for_previous_kernel();  // before the first global memory access
   programmatic_launch::allow_next_kernel();
@@ -202,8 +220,13 @@ __global__ void __launch_bounds__(kChunkThreads, common(kShape) ? kCommonRowsKer
     const int64_t row = row0 + r;
     positions[r] = row < p.rows ? append_kernel::read_loaded_index<Index>(p.rope_positions, row) : -1;
     if (active && row < p.rows) {
-      copy16_async(&units[r][threadIdx.x][4 * swapped], inputs[r]);
-      copy16_async(&units[r][threadIdx.x][4 * (swapped ^ 1u)], inputs[r] + 8);
+      if constexpr (kPairCopies) {
+        copy16_async(&units[r][threadIdx.x & ~1u][4 * (swapped ^ pair_half)], inputs[r]);
+        copy16_async(&units[r][threadIdx.x | 1u][4 * (swapped ^ pair_half)], inputs[r] + (group / 2) * 16);
+      } else {
+        copy16_async(&units[r][threadIdx.x][4 * swapped], inputs[r]);
+        copy16_async(&units[r][threadIdx.x][4 * (swapped ^ 1u)], inputs[r] + 8);
+      }
     }
   }
   if (chain_lane < kRows) {  // row r's cache target, for every thread of the CTA (used if in the table)
@@ -227,10 +250,11 @@ __global__ void __launch_bounds__(kChunkThreads, common(kShape) ? kCommonRowsKer
     in_table_rows |= uint32_t(in_table) << r;
     sources[r] = rope_table_row(p, in_table ? int64_t(positions[r]) : 0);
   }
-  // Common instances with a float32 table whose rows are 16-byte aligned: the rows copied as they are, 16 bytes per
-  // instruction (cos | sin; the common shape's reads stay below R, so the padding is not written), without a
-  // register or a conversion (docs/PERFORMANCE.md section 10, ta and r13).
-  constexpr bool kCopyTable = common(kShape);
+  // Multi-row common instances (prefill) with a float32 table whose rows are 16-byte aligned: the rows copied as
+  // they are, 16 bytes per instruction (cos | sin; the common shape's reads stay below R, so the padding is not
+  // written), without a register or a conversion. The one-row instances keep the loads: a copy's wait would sit
+  // on decode's path before the barrier (docs/PERFORMANCE.md section 10, ta and r13).
+  constexpr bool kCopyTable = common(kShape) && kRows > 1;
   const bool copy_table = kCopyTable && a.table16;
   if (copy_table) {
     const uint32_t chunks = uint32_t(p.rotary_dim / 4);  // 16-byte chunks per row
@@ -295,15 +319,15 @@ __global__ void __launch_bounds__(kChunkThreads, common(kShape) ? kCommonRowsKer
   }
 }
 
-// The common shape below kRowsPerCtaMinRows rows: CTA (row, chunk of decode_kernel_threads items), no shared memory and
-// no barrier. Each thread loads its unit into registers, its unit's cos/sin columns from the table row
+// The common shape up to kDecodeKernelMaxRows rows: CTA (row, chunk of rows_kernel_threads<kShape, 1> items), no shared
+// memory and no barrier. Each thread loads its unit into registers, its unit's cos/sin columns from the table row
 // (load_unit_table) and, in K/V threads, the row's index chain itself (the warp's lanes load the same addresses); the
 // NeoX partner, unit u +- G / 2 on the neighbour lane (the rows kernel's lane pairs), comes by shuffle. Load order:
 // level 1 of the chain, the RoPE position and the unit's values together; then the table row and the page id, while the
 // values are in flight.
 template <bool kBF16, Shape kShape, typename Index>
-__global__ void __launch_bounds__(decode_kernel_threads<kShape>(),
-                                  kDecodeCtasPerSm* kChunkThreads / decode_kernel_threads<kShape>())
+__global__ void __launch_bounds__(rows_kernel_threads<kShape, 1>(),
+                                  kDecodeCtasPerSm* kChunkThreads / rows_kernel_threads<kShape, 1>())
     rope_append_decode_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
   static_assert(common(kShape), "the decode kernel serves the common shape");
   constexpr Pairs kPairs = Pairs::kNeoxAligned;
@@ -371,8 +395,13 @@ uint32_t cta_threads(uint64_t items, uint32_t limit) {
 }
 
 template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4, typename Index = void>
-cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& a, uint32_t threads, cudaStream_t stream,
+cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& chunked, uint32_t threads, cudaStream_t stream,
                         bool programmatic) {
+  RopeLaunch a = chunked;
+  if (rows_kernel_threads<kShape, kRows>() != kChunkThreads) {  // wider chunks: fewer of them than the launcher checked
+    threads = cta_threads(a.items, rows_kernel_threads<kShape, kRows>());
+    a.span = threads;
+  }
   const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(threads);
   const size_t table_bytes = kRows * table_floats(p.rotary_dim) * sizeof(float);
   return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape, kRows, Index>, grid,
@@ -382,7 +411,7 @@ cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& a, uint32_t threa
 template <bool kBF16, Shape kShape, typename Index>
 cudaError_t launch_decode(const RopeParams& p, const RopeLaunch& chunked, cudaStream_t stream, bool programmatic) {
   RopeLaunch a = chunked;
-  const uint32_t threads = cta_threads(a.items, decode_kernel_threads<kShape>());  // wide chunks: fewer of them
+  const uint32_t threads = cta_threads(a.items, rows_kernel_threads<kShape, 1>());
   a.span = threads;
   const dim3 grid(uint32_t(p.rows), (a.items + a.span - 1) / a.span), block(threads);
   return programmatic_launch::launch_with_shared(rope_append_decode_kernel<kBF16, kShape, Index>, grid, block, 0,
@@ -399,19 +428,24 @@ bool common_shape(const RopeParams& p, const RopeLaunch& a, Pairs pairs) {
          a.cache_store8;
 }
 
-// Rows per CTA (docs/PERFORMANCE.md section 10): the common shape takes its decode kernel below kRowsPerCtaMinRows
-// rows, and from there on the rows kernel with 2 rows per CTA with 16-bit Q and 4 with FP8 Q (whose CTAs do more
-// arithmetic per row); other shapes take 4 from kRowsPerCtaMinRows on.
+// Kernel and rows per CTA (docs/PERFORMANCE.md section 10): the common shape takes its decode kernel up to
+// kDecodeKernelMaxRows rows, the rows kernel with one row per CTA below kRowsPerCtaMinRows rows (faster than
+// rope_append_kernel there), and from there on 2 with 16-bit Q and 4 with FP8 Q (whose CTAs do more arithmetic per
+// row); other shapes take 4 from kRowsPerCtaMinRows on.
 template <bool kBF16, typename Index>
 cudaError_t launch_common(const RopeParams& p, const RopeLaunch& a, uint32_t threads, bool rows_per_cta,
                           cudaStream_t stream, bool programmatic) {
   constexpr Pairs kNeox = Pairs::kNeoxAligned;
+  const bool decode = p.rows <= kDecodeKernelMaxRows;
   if (p.q_out_fp8) {
-    return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 4, Index>(p, a, threads, stream, programmatic)
-                        : launch_decode<kBF16, Shape::kCommonQFp8, Index>(p, a, stream, programmatic);
+    if (rows_per_cta)
+      return launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 4, Index>(p, a, threads, stream, programmatic);
+    if (decode) return launch_decode<kBF16, Shape::kCommonQFp8, Index>(p, a, stream, programmatic);
+    return launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 1, Index>(p, a, threads, stream, programmatic);
   }
-  return rows_per_cta ? launch_rows<kBF16, kNeox, Shape::kCommonQ16, 2, Index>(p, a, threads, stream, programmatic)
-                      : launch_decode<kBF16, Shape::kCommonQ16, Index>(p, a, stream, programmatic);
+  if (rows_per_cta) return launch_rows<kBF16, kNeox, Shape::kCommonQ16, 2, Index>(p, a, threads, stream, programmatic);
+  if (decode) return launch_decode<kBF16, Shape::kCommonQ16, Index>(p, a, stream, programmatic);
+  return launch_rows<kBF16, kNeox, Shape::kCommonQ16, 1, Index>(p, a, threads, stream, programmatic);
 }
 
 // The common instances are built per index dtype (the cache indices and the RoPE positions: one load per value
