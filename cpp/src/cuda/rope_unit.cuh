@@ -168,8 +168,8 @@ __device__ __forceinline__ Quad table_quad(const RopeParams& p, const float* row
   return q;
 }
 
-// The unit's four quads read from the table row in global memory into registers (the common shape's one-row
-// instances, which stage nothing: NeoX aligned, R = D), so that their loads go out before the unit's values arrive.
+// The unit's four quads read from the table row in global memory into registers (the common shape's decode kernel,
+// which stages nothing: NeoX aligned, R = D), so that their loads go out before the unit's values arrive.
 struct UnitTable {
   Quad quads[4];
 };
