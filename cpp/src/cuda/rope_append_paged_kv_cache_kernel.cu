@@ -394,15 +394,19 @@ uint32_t cta_threads(uint64_t items, uint32_t limit) {
   return uint32_t(std::min<uint64_t>(limit, (items + kLanes - 1) / kLanes * kLanes));
 }
 
-template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4, typename Index = void>
-cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& chunked, uint32_t threads, cudaStream_t stream,
-                        bool programmatic) {
+// The launch arguments of chunked calls for an instance of rope_append_rows_kernel or rope_append_decode_kernel: chunks
+// of rows_kernel_threads<kShape, kRows>() items (wider than the launcher's kChunkThreads in some: fewer of them).
+template <Shape kShape, int kRows>
+RopeLaunch with_instance_chunks(const RopeLaunch& chunked) {
   RopeLaunch a = chunked;
-  if (rows_kernel_threads<kShape, kRows>() != kChunkThreads) {  // wider chunks: fewer of them than the launcher checked
-    threads = cta_threads(a.items, rows_kernel_threads<kShape, kRows>());
-    a.span = threads;
-  }
-  const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(threads);
+  a.span = cta_threads(a.items, rows_kernel_threads<kShape, kRows>());
+  return a;
+}
+
+template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4, typename Index = void>
+cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& chunked, cudaStream_t stream, bool programmatic) {
+  const RopeLaunch a = with_instance_chunks<kShape, kRows>(chunked);
+  const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(a.span);
   const size_t table_bytes = kRows * table_floats(p.rotary_dim) * sizeof(float);
   return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape, kRows, Index>, grid,
                                                  block, table_bytes, stream, programmatic, p, a);
@@ -410,10 +414,8 @@ cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& chunked, uint32_t
 
 template <bool kBF16, Shape kShape, typename Index>
 cudaError_t launch_decode(const RopeParams& p, const RopeLaunch& chunked, cudaStream_t stream, bool programmatic) {
-  RopeLaunch a = chunked;
-  const uint32_t threads = cta_threads(a.items, rows_kernel_threads<kShape, 1>());
-  a.span = threads;
-  const dim3 grid(uint32_t(p.rows), (a.items + a.span - 1) / a.span), block(threads);
+  const RopeLaunch a = with_instance_chunks<kShape, 1>(chunked);
+  const dim3 grid(uint32_t(p.rows), (a.items + a.span - 1) / a.span), block(a.span);
   return programmatic_launch::launch_with_shared(rope_append_decode_kernel<kBF16, kShape, Index>, grid, block, 0,
                                                  stream, programmatic, p, a);
 }
@@ -433,32 +435,31 @@ bool common_shape(const RopeParams& p, const RopeLaunch& a, Pairs pairs) {
 // rope_append_kernel there), and from there on 2 with 16-bit Q and 4 with FP8 Q (whose CTAs do more arithmetic per
 // row); other shapes take 4 from kRowsPerCtaMinRows on.
 template <bool kBF16, typename Index>
-cudaError_t launch_common(const RopeParams& p, const RopeLaunch& a, uint32_t threads, bool rows_per_cta,
-                          cudaStream_t stream, bool programmatic) {
+cudaError_t launch_common(const RopeParams& p, const RopeLaunch& a, bool rows_per_cta, cudaStream_t stream,
+                          bool programmatic) {
   constexpr Pairs kNeox = Pairs::kNeoxAligned;
   const bool decode = p.rows <= kDecodeKernelMaxRows;
   if (p.q_out_fp8) {
-    if (rows_per_cta)
-      return launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 4, Index>(p, a, threads, stream, programmatic);
+    if (rows_per_cta) return launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 4, Index>(p, a, stream, programmatic);
     if (decode) return launch_decode<kBF16, Shape::kCommonQFp8, Index>(p, a, stream, programmatic);
-    return launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 1, Index>(p, a, threads, stream, programmatic);
+    return launch_rows<kBF16, kNeox, Shape::kCommonQFp8, 1, Index>(p, a, stream, programmatic);
   }
-  if (rows_per_cta) return launch_rows<kBF16, kNeox, Shape::kCommonQ16, 2, Index>(p, a, threads, stream, programmatic);
+  if (rows_per_cta) return launch_rows<kBF16, kNeox, Shape::kCommonQ16, 2, Index>(p, a, stream, programmatic);
   if (decode) return launch_decode<kBF16, Shape::kCommonQ16, Index>(p, a, stream, programmatic);
-  return launch_rows<kBF16, kNeox, Shape::kCommonQ16, 1, Index>(p, a, threads, stream, programmatic);
+  return launch_rows<kBF16, kNeox, Shape::kCommonQ16, 1, Index>(p, a, stream, programmatic);
 }
 
 // The common instances are built per index dtype (the cache indices and the RoPE positions: one load per value
 // when they share one, docs/PERFORMANCE.md r9); the other shapes read through IndexView.
 template <bool kBF16>
-cudaError_t launch_common_index(const RopeParams& p, const RopeLaunch& a, uint32_t threads, bool rows_per_cta,
-                                cudaStream_t stream, bool programmatic) {
+cudaError_t launch_common_index(const RopeParams& p, const RopeLaunch& a, bool rows_per_cta, cudaStream_t stream,
+                                bool programmatic) {
   switch (append_kernel::index_types(p.append, &p.rope_positions)) {
     case append_kernel::IndexTypes::kInt32:
-      return launch_common<kBF16, int32_t>(p, a, threads, rows_per_cta, stream, programmatic);
+      return launch_common<kBF16, int32_t>(p, a, rows_per_cta, stream, programmatic);
     case append_kernel::IndexTypes::kInt64:
-      return launch_common<kBF16, int64_t>(p, a, threads, rows_per_cta, stream, programmatic);
-    default: return launch_common<kBF16, void>(p, a, threads, rows_per_cta, stream, programmatic);
+      return launch_common<kBF16, int64_t>(p, a, rows_per_cta, stream, programmatic);
+    default: return launch_common<kBF16, void>(p, a, rows_per_cta, stream, programmatic);
   }
 }
 
@@ -467,13 +468,13 @@ cudaError_t launch_pairs(const RopeParams& p, const RopeLaunch& a, Pairs pairs, 
                          bool rows_per_cta, cudaStream_t stream) {
   const bool programmatic = programmatic_launch::enabled_on_current_device();
   if (aligned_chunks && common_shape(p, a, pairs)) {
-    return launch_common_index<kBF16>(p, a, threads, rows_per_cta, stream, programmatic);
+    return launch_common_index<kBF16>(p, a, rows_per_cta, stream, programmatic);
   }
   if (rows_per_cta) {
     switch (pairs) {
-      case Pairs::kGptJ: return launch_rows<kBF16, Pairs::kGptJ>(p, a, threads, stream, programmatic);
-      case Pairs::kNeoxAligned: return launch_rows<kBF16, Pairs::kNeoxAligned>(p, a, threads, stream, programmatic);
-      default: return launch_rows<kBF16, Pairs::kNeoxStaged>(p, a, threads, stream, programmatic);
+      case Pairs::kGptJ: return launch_rows<kBF16, Pairs::kGptJ>(p, a, stream, programmatic);
+      case Pairs::kNeoxAligned: return launch_rows<kBF16, Pairs::kNeoxAligned>(p, a, stream, programmatic);
+      default: return launch_rows<kBF16, Pairs::kNeoxStaged>(p, a, stream, programmatic);
     }
   }
   const dim3 grid(uint32_t(p.rows), (a.items + a.span - 1) / a.span), block(threads);
