@@ -23,6 +23,9 @@ from append_cases import Cache, _move, make_append_case
 # rounding edges of FP8 Q: ties to even, 448 and its saturating neighbours, infinities, NaN, signed zero, subnormals.
 Q_EDGE_VALUES = (1.0625, 1.1875, 448.0, 464.0, 1000.0, math.inf, -math.inf, math.nan, 2.0**-10, 3 * 2.0**-10,
                  5 * 2.0**-10, -0.0, 2.25, 480.0, -464.0, 0.0)  # fmt: skip
+# The same without the NaN (a negative tie in its place): FP8 Q units without a NaN take their own path. A head holds
+# them in its first half and reversed in its second, so that each infinity's NeoX and GPT-J partners are finite.
+Q_FINITE_EDGE_VALUES = tuple(-1.0625 if math.isnan(v) else v for v in Q_EDGE_VALUES)
 
 
 @dataclasses.dataclass
@@ -105,8 +108,8 @@ def make_rope_case(
     packed: query/key/value are the [:, :Hq], [:, Hq:Hq+Hkv] and [:, Hq+Hkv:] views of one [n, Hq+2Hkv, D] tensor.
     invalid_positions: rope positions -1 (row 0), max_pos (a middle row < nnz) and -max_pos - 3 (the last row).
     special_values: Q_EDGE_VALUES * q_scale in the Q of padding row n - 2 at rope position 0 (cos 1, sin 0: the
-    rotation keeps each value whose partner is finite) and in the dims >= R of padding row n - 3; a NaN in a K row and
-    an infinity in a V row.
+    rotation keeps each value whose partner is finite; Q_FINITE_EDGE_VALUES in its odd heads) and in the dims >= R of
+    padding row n - 3; a NaN in a K row and an infinity in a V row.
     """
     rotary_dim = head_dim if rotary_dim is None else rotary_dim
     table = make_append_case(num_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, batch_size=batch_size,
@@ -130,6 +133,9 @@ def make_rope_case(
         row = n - 2
         rope_positions[row] = 0
         x[row, :num_qo_heads] = edges.repeat(head_dim // len(Q_EDGE_VALUES))
+        finite = torch.tensor(Q_FINITE_EDGE_VALUES) * q_scale
+        repeats = max(1, head_dim // (2 * len(finite)))
+        x[row, 1:num_qo_heads:2] = torch.cat([finite.repeat(repeats), finite.flip(0).repeat(repeats)])[:head_dim]
         assert padding_rows >= 3, "special values go into the padding rows n - 2 and n - 3"
         if rotary_dim < head_dim:
             rope_positions[n - 3] = max_pos - 1
