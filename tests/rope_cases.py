@@ -133,9 +133,10 @@ def make_rope_case(
         row = n - 2
         rope_positions[row] = 0
         x[row, :num_qo_heads] = edges.repeat(head_dim // len(Q_EDGE_VALUES))
-        finite = torch.tensor(Q_FINITE_EDGE_VALUES) * q_scale
-        repeats = max(1, head_dim // (2 * len(finite)))
-        x[row, 1:num_qo_heads:2] = torch.cat([finite.repeat(repeats), finite.flip(0).repeat(repeats)])[:head_dim]
+        finite, half = torch.tensor(Q_FINITE_EDGE_VALUES) * q_scale, head_dim // 2
+        tiles = math.ceil(half / len(finite)) + 1
+        halves = [finite.repeat(tiles)[:half], finite.flip(0).repeat(tiles)[: head_dim - half]]
+        x[row, 1:num_qo_heads:2] = torch.cat(halves)
         assert padding_rows >= 3, "special values go into the padding rows n - 2 and n - 3"
         if rotary_dim < head_dim:
             rope_positions[n - 3] = max_pos - 1
