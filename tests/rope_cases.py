@@ -134,7 +134,7 @@ def make_rope_case(
         rope_positions[row] = 0
         x[row, :num_qo_heads] = edges.repeat(head_dim // len(Q_EDGE_VALUES))
         finite, half = torch.tensor(Q_FINITE_EDGE_VALUES) * q_scale, head_dim // 2
-        tiles = math.ceil(half / len(finite)) + 1
+        tiles = math.ceil((head_dim - half) / len(finite))  # enough for the larger half
         halves = [finite.repeat(tiles)[:half], finite.flip(0).repeat(tiles)[: head_dim - half]]
         x[row, 1:num_qo_heads:2] = torch.cat(halves)
         assert padding_rows >= 3, "special values go into the padding rows n - 2 and n - 3"
