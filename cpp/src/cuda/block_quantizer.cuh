@@ -176,6 +176,26 @@ __device__ __forceinline__ uint32_t quotient_bytes2(float x0, float x1, float s,
 #endif
 }
 
+// quotient_bytes2 of the two 16-bit floats (bf16 or fp16) of `word`, low half first, for a word without a NaN and a
+// nonzero inverse: the magnitudes' quotients (an overflowed one is inf or NaN, which the minimum saturates), one
+// conversion, and the signs moved from bits 15 / 31 to bits 7 / 15 by one byte permute (-0.0 -> 0x80). About 14
+// instructions per word on sm_90 against quotient_bytes2's 27 (its NaN patch and division fallback).
+template <bool kBF16>
+__device__ __forceinline__ uint32_t nan_free_quotient_bytes2(uint32_t word, float s, float inverse) {
+  const auto value = [](uint32_t bits) {
+    return kBF16 ? codec::bf16_bits_to_float(uint16_t(bits)) : codec::fp16_bits_to_float(uint16_t(bits));
+  };
+#if __CUDA_ARCH__ >= 890
+  const float t0 = fminf(hoisted_quotient(fabsf(value(word)), s, inverse), codec::kE4M3MaxValue);
+  const float t1 = fminf(hoisted_quotient(fabsf(value(word >> 16)), s, inverse), codec::kE4M3MaxValue);
+  uint16_t pair;  // the first operand goes to the high byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(t1), "f"(t0));
+  return pair | (prmt(word, 0u, 0x4431u) & 0x8080u);  // bytes 1 and 3 of the word: its halves' sign bits
+#else
+  return quotient_bytes2(value(word), value(word >> 16), s, inverse);
+#endif
+}
+
 struct Scale {
   float r;       // 1 / (sf * s), or 0 (SPEC step 5)
   uint8_t byte;  // E4M3 scale byte

@@ -247,8 +247,9 @@ __device__ __forceinline__ void staged_partner(const RopeParams& p, int64_t half
 // The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
 // `partner` (NeoX) or the other half of its own word (GPT-J). A unit wholly below R (the common case) rounds two
 // values per conversion and, with canonical_nans, canonicalises NaNs (rope_rotation.h) when one of the 16 is one.
+// Returns, with canonical_nans, whether one of the 16 results is a NaN (false without).
 template <bool kBF16, Pairs kPairs, Shape kShape, typename Table>
-__device__ __forceinline__ void rotate_unit(const RopeParams& p, const Table& row, uint32_t unit,
+__device__ __forceinline__ bool rotate_unit(const RopeParams& p, const Table& row, uint32_t unit,
                                             const uint32_t (&w)[kWordsPerUnit],
                                             const uint32_t (&partner)[kWordsPerUnit], bool canonical_nans,
                                             uint32_t (&out)[kWordsPerUnit]) {
@@ -279,7 +280,7 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const Table& ro
         out[k / 2] = round16x2<kBF16>(turned[0], turned[1]);
       }
     }
-    if (!canonical_nans) return;
+    if (!canonical_nans) return false;
     uint32_t nans = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) nans |= nan_halves<kBF16>(out[k]);
@@ -291,7 +292,7 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const Table& ro
         out[k] = (out[k] & ~halves) | ((canonical | canonical << 16) & halves);
       }
     }
-    return;
+    return nans != 0;
   }
   if constexpr (!common(kShape)) {  // a unit that R ends in or lies beyond (never in the common shape)
 #pragma unroll
@@ -313,6 +314,10 @@ __device__ __forceinline__ void rotate_unit(const RopeParams& p, const Table& ro
       }
     }
   }
+  uint32_t nans = 0;  // (round16 has canonicalised them)
+#pragma unroll
+  for (int k = 0; canonical_nans && k < 8; ++k) nans |= nan_halves<kBF16>(out[k]);
+  return nans != 0;
 }
 
 struct Block {
@@ -428,6 +433,7 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
                                            const KvScale& kv) {
   const AppendParams& ap = p.append;
   uint32_t out[kWordsPerUnit];
+  bool nans = false;  // a NaN among Q's 16 rotated values
   if (!in_table) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) out[k] = 0;  // outside the table: zero Q / k_out rows, nothing cached
@@ -437,7 +443,7 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
   } else {
     // NaN bits matter in Q and k_out; the cache keeps only that a block holds a NaN (SPEC step 1).
     const bool canonical_nans = h.is_q || !common(kShape);
-    rotate_unit<kBF16, kPairs, kShape>(p, table, unit, w, partner, canonical_nans, out);
+    nans = rotate_unit<kBF16, kPairs, kShape>(p, table, unit, w, partner, canonical_nans, out);
   }
   if (h.is_q) {
     if (!q_out_fp8<kShape>(p)) {
@@ -447,15 +453,26 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
       return;
     }
     uint32_t bytes[4];  // values 4k .. 4k + 3 in bytes[k], two per conversion
+    if (!nans && q_inverse != 0.0f) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      uint32_t pairs[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        pairs[j] = block_quantizer::quotient_bytes2(widen<kBF16>(half_of(out, 4 * k + 2 * j)),
-                                                    widen<kBF16>(half_of(out, 4 * k + 2 * j + 1)), q_scale, q_inverse);
+      for (int k = 0; k < 4; ++k) {
+        bytes[k] =
+            block_quantizer::prmt(block_quantizer::nan_free_quotient_bytes2<kBF16>(out[2 * k], q_scale, q_inverse),
+                                  block_quantizer::nan_free_quotient_bytes2<kBF16>(out[2 * k + 1], q_scale, q_inverse),
+                                  0x5410u);  // the low 16 bits of both
       }
-      bytes[k] = pairs[0] | pairs[1] << 16;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t pairs[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          pairs[j] =
+              block_quantizer::quotient_bytes2(widen<kBF16>(half_of(out, 4 * k + 2 * j)),
+                                               widen<kBF16>(half_of(out, 4 * k + 2 * j + 1)), q_scale, q_inverse);
+        }
+        bytes[k] = pairs[0] | pairs[1] << 16;
+      }
     }
     uint8_t* dst =
         static_cast<uint8_t*>(p.q_out.data) + row * p.q_out.row_stride + h.index * p.q_out.head_stride + unit * 16;
