@@ -17,6 +17,10 @@
 //      those of check 4, Gaussian-like blocks over 2^-60 .. 2^60, blocks of one magnitude and blocks on
 //      a coarse grid (exact ties), with calibrated and arbitrary global scales, table variant (with the
 //      hoisted-reciprocal quotients) and direct variant.
+//   7. block_quantizer::nan_free_quotient_bytes2 (FP8 Q bytes of a word of two NaN-free 16-bit values) equals
+//      SPEC section 4's E4M3(x / s) of each half through the IEEE division, for every non-NaN 16-bit value in the low
+//      half with 256 hashed partners in the high half, bf16 and fp16, and the kQuotientScales values as s (those
+//      with a nonzero hoisted inverse: the only ones the kernels give it).
 //
 // Build: tests/gpu/build_codec_check.sh ARCH OUTPUT (ARCH 90 for sm_90).
 #include <cuda_runtime.h>
@@ -289,6 +293,30 @@ __global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* ba
 
 constexpr uint32_t kQuotientScales = 160;
 
+// SPEC section 4: E4M3(x / s), the quotient by IEEE division, saturating at 448 (inf too), the sign of x kept.
+__device__ uint32_t spec_quotient_byte(float x, float s) {
+  return (signbit(x) ? 0x80u : 0u) | block_quantizer::scale_byte(__fdiv_rn(fabsf(x), s));
+}
+
+// Check 7 for one s (bits): the low half is i % 2^16, the high half a hash of i (2^24 threads).
+template <bool kBF16>
+__global__ void check_nan_free_quotient_bytes(uint32_t s_bits, unsigned long long* bad) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t word = (i & 0xFFFFu) | (hash(i) & 0xFFFF0000u);
+  const auto value = [](uint32_t bits) {
+    return kBF16 ? codec::bf16_bits_to_float(uint16_t(bits)) : codec::fp16_bits_to_float(uint16_t(bits));
+  };
+  const float x0 = value(word), x1 = value(word >> 16), s = __uint_as_float(s_bits);
+  const float inverse = block_quantizer::division_inverse(s);
+  if (x0 != x0 || x1 != x1 || inverse == 0.0f) return;
+  const uint32_t fast = block_quantizer::nan_free_quotient_bytes2<kBF16>(word, s, inverse);
+  const uint32_t exact = spec_quotient_byte(x0, s) | spec_quotient_byte(x1, s) << 8;
+  if (fast != exact) {
+    const unsigned long long n = atomicAdd(bad, 1ull);
+    if (n < 4) printf("nan-free quotient bytes mismatch: word=%08x s=%a: %04x vs %04x\n", word, s, fast, exact);
+  }
+}
+
 uint64_t host_e2m1_mismatches() {
   uint64_t bad = 0;
   for (uint64_t i = 0; i < (uint64_t(1) << 32); ++i) {
@@ -315,6 +343,9 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&close_calls, sizeof(unsigned long long)));
   CHECK_CUDA(cudaMemset(close_calls, 0, sizeof(unsigned long long)));
   unsigned long long *bad = counters, *aux = counters + 4;
+  unsigned long long* word_quotients;  // check 7's mismatches
+  CHECK_CUDA(cudaMalloc(&word_quotients, sizeof(unsigned long long)));
+  CHECK_CUDA(cudaMemset(word_quotients, 0, sizeof(unsigned long long)));
   for (uint32_t high = 0; high < 256; ++high) {
     check_e2m1<<<1 << 16, 256>>>(high, bad + 0);
     check_e4m3<<<1 << 16, 256>>>(high, bad + 1);
@@ -322,6 +353,10 @@ int main(int argc, char** argv) {
   check_scale_values<<<1, 256>>>(bad + 2);
   for (uint32_t i = 0; i < kQuotientScales; ++i) {
     for (uint32_t high = 0; high < 128; ++high) check_scale_quotient<<<1 << 16, 256>>>(high, six_s_sample(i), aux + 2);
+  }
+  for (uint32_t i = 0; i < kQuotientScales; ++i) {
+    check_nan_free_quotient_bytes<true><<<1 << 16, 256>>>(six_s_sample(i), word_quotients);
+    check_nan_free_quotient_bytes<false><<<1 << 16, 256>>>(six_s_sample(i), word_quotients);
   }
   for (uint32_t round = 0; round < 16; ++round) {
     check_blocks<true><<<4096, 256>>>(round * 7919u + 1, bad + 3, aux);
@@ -331,9 +366,10 @@ int main(int argc, char** argv) {
   }
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
-  unsigned long long host[8], close_host;
+  unsigned long long host[8], close_host, word_host;
   CHECK_CUDA(cudaMemcpy(host, counters, sizeof host, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(&close_host, close_calls, sizeof close_host, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(&word_host, word_quotients, sizeof word_host, cudaMemcpyDeviceToHost));
   bad = host;
   aux = host + 4;
   int device;
@@ -354,8 +390,12 @@ int main(int argc, char** argv) {
       "quantize_block_four_over_six_fast vs codec::quantize_block_four_over_six, %d random blocks "
       "(%llu close calls): %llu mismatches\n",
       16 * 2 * 4096 * 256, close_host, aux[3]);
-  const bool ok =
-      bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0 && aux[2] == 0 && aux[3] == 0 && close_host > 0;
+  std::printf(
+      "nan_free_quotient_bytes2 vs E4M3(x / s) by IEEE division, 2^24 words of NaN-free bf16 and fp16, %u scales: "
+      "%llu mismatches\n",
+      kQuotientScales, word_host);
+  const bool ok = bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0 && aux[2] == 0 && aux[3] == 0 &&
+                  close_host > 0 && word_host == 0;
   std::printf(ok ? "codec_check: PASS\n" : "codec_check: FAIL\n");
   return ok ? 0 : 1;
 }
