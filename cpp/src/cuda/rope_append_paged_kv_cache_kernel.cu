@@ -53,13 +53,28 @@ constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
 constexpr int kDecodeCtasPerSm = 6;
 // The common shape with several rows per CTA: 48 registers (sm_90: no spills but 8-24 bytes in the fp16 FP8-Q ones).
 constexpr int kCommonRowsKernelCtasPerSm = 10;
+// The unit-pair instances (64 threads): 64 registers, 32 warps per SM.
+constexpr int kUnitPairCtasPerSm = 16;
 
 using namespace rope_unit;
 
-// Threads per CTA of an instance of rope_append_rows_kernel (and with kRows = 1 of rope_append_decode_kernel).
+// The common shape's multi-row instances give each thread a NeoX unit pair (u, u + G / 2) of one head
+// (rope_unit.cuh's write_item_pair): a chunk's items on half as many threads.
+template <Shape kShape, int kRows>
+__host__ __device__ constexpr bool unit_pairs() {
+  return common(kShape) && kRows > 1;
+}
+
+// Items per CTA of an instance of rope_append_rows_kernel (and with kRows = 1 of rope_append_decode_kernel).
+template <Shape kShape, int kRows>
+__host__ __device__ constexpr uint32_t rows_kernel_items() {
+  return kShape == Shape::kCommonQ16 && kRows == 1 ? kWideChunkThreads : kChunkThreads;
+}
+
+// Threads per CTA of such an instance (its __launch_bounds__; a call's CTAs may be smaller: launch_rows).
 template <Shape kShape, int kRows>
 __host__ __device__ constexpr uint32_t rows_kernel_threads() {
-  return kShape == Shape::kCommonQ16 && kRows == 1 ? kWideChunkThreads : kChunkThreads;
+  return rows_kernel_items<kShape, kRows>() / (unit_pairs<kShape, kRows>() ? 2 : 1);
 }
 
 template <bool kBF16, Pairs kPairs>
@@ -163,11 +178,12 @@ __device__ __forceinline__ void read_staged_unit(const uint32_t (&staged)[kWords
 // while the other warps load the table rows.
 template <bool kBF16, Pairs kPairs, Shape kShape, int kRows, typename Index>
 __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
-                                  common(kShape) && kRows > 1
-                                      ? kCommonRowsKernelCtasPerSm
+                                  unit_pairs<kShape, kRows>()
+                                      ? kUnitPairCtasPerSm
                                       : kRowsKernelCtasPerSm * kChunkThreads / rows_kernel_threads<kShape, kRows>())
     rope_append_rows_kernel(const __grid_constant__ RopeParams p, const __grid_constant__ RopeLaunch a) {
-  __shared__ __align__(16) uint32_t units[kRows][rows_kernel_threads<kShape, kRows>()][kWordsPerUnit];
+  constexpr bool kUnitPairs = unit_pairs<kShape, kRows>();
+  __shared__ __align__(16) uint32_t units[kRows][rows_kernel_items<kShape, kRows>()][kWordsPerUnit];
   extern __shared__ __align__(16) float tables[];  // kRows rows of table_floats(R)
   __shared__ append_kernel::Target targets[kRows];
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
@@ -175,14 +191,19 @@ __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
   const uint32_t slot = threadIdx.x & (group - 1);  // the thread's place in its head's lane group
   // Common instances: the pair partners u and u + G / 2 on lanes 2 i and 2 i + 1, so that the two lanes read the
   // same table addresses (a 16-byte shared load then returns two lanes' registers per wavefront); elsewhere u = slot.
-  const uint32_t unit = common(kShape) ? (slot >> 1) | ((slot & 1u) << (a.group_shift - 1)) : slot;
+  // Unit pairs: thread t takes units u = t % (G / 2) and u + G / 2 of the chunk's head t / (G / 2).
+  const uint32_t half_group = group / 2;
+  const uint32_t unit = kUnitPairs       ? threadIdx.x & (half_group - 1)
+                        : common(kShape) ? (slot >> 1) | ((slot & 1u) << (a.group_shift - 1))
+                                         : slot;
   // Common instances: the halves of the units of lanes with bit 2 set staged swapped, so that 8 consecutive
   // lanes' 16-byte reads of units 32 bytes apart fall in different banks.
   const uint32_t swapped = common(kShape) ? (threadIdx.x >> 2) & 1u : 0u;
   // Chunks in reverse: the K/V chunk, whose CTAs follow the index chain and quantize, is dispatched first and
   // gets an SM of its own when a call has more CTAs than SMs.
   const uint32_t chunk = gridDim.y - 1 - blockIdx.y;
-  const uint32_t item = chunk * a.span + threadIdx.x;
+  const uint32_t item =
+      chunk * a.span + (kUnitPairs ? (threadIdx.x >> (a.group_shift - 1) << a.group_shift) + unit : threadIdx.x);
   const Head h = head_of(p, item >> a.group_shift);
   const bool has_kv_items = (chunk + 1) * a.span > (p.num_q_heads << a.group_shift);
   const AppendParams& ap = p.append;
@@ -212,15 +233,24 @@ __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
   const bool q_fp8 = q_out_fp8<kShape>(p);
   const float q_scale = q_fp8 ? rope_q_scale(p) : 1.0f;
   const bool write_q = !q_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
-  const bool active =
-      item < a.items && (common(kShape) || unit < uint32_t(ap.head_dim / codec::kBlockSize)) && (!h.is_q || write_q);
+  const bool active = item < a.items && (common(kShape) || unit < uint32_t(ap.head_dim / codec::kBlockSize)) &&
+                      (!h.is_q || write_q) && (!kUnitPairs || threadIdx.x < a.span / 2);
+  // Unit pairs: the thread's 4 16-byte pieces (u's halves, then u + G / 2's) at units[r][2 t], piece i in slot
+  // i ^ twist, so that any 8 consecutive lanes' 16-byte reads of one piece fall in different banks.
+  const uint32_t twist = (threadIdx.x >> 1) & 3u;
   append_kernel::LoadedIndex<Index> positions[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t row = row0 + r;
     positions[r] = row < p.rows ? append_kernel::read_loaded_index<Index>(p.rope_positions, row) : -1;
     if (active && row < p.rows) {
-      if constexpr (kPairCopies) {
+      if constexpr (kUnitPairs) {
+#pragma unroll
+        for (uint32_t piece = 0; piece < 4; ++piece) {
+          copy16_async(&units[r][2 * threadIdx.x][4 * (piece ^ twist)],
+                       inputs[r] + (piece >> 1) * half_group * 16 + (piece & 1u) * 8);
+        }
+      } else if constexpr (kPairCopies) {
         copy16_async(&units[r][threadIdx.x & ~1u][4 * (swapped ^ pair_half)], inputs[r]);
         copy16_async(&units[r][threadIdx.x | 1u][4 * (swapped ^ pair_half)], inputs[r] + (group / 2) * 16);
       } else {
@@ -305,6 +335,21 @@ __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
                                   : int64_t(unit) * 16 < half ? head_base + unit + unit_shift
                                                               : head_base + unit - unit_shift;
   for (int r = 0; r < kRows && row0 + r < p.rows; ++r) {
+    const bool in_table = (in_table_rows >> r) & 1u;
+    const append_kernel::Target t = targets[r];
+    if constexpr (kUnitPairs) {
+      uint32_t pair[2][kWordsPerUnit];
+      const uint4* pieces = reinterpret_cast<const uint4*>(&units[r][2 * threadIdx.x][0]);
+#pragma unroll
+      for (uint32_t piece = 0; piece < 4; ++piece) {
+        const uint4 v = pieces[piece ^ twist];
+        uint32_t* dst = &pair[piece >> 1][4 * (piece & 1u)];
+        dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+      }
+      write_item_pair<kBF16, kShape>(p, a, tables + r * floats, in_table, row0 + r, h, unit, pair, t, t.ok && in_table,
+                                     q_scale, q_inverse, kv);
+      continue;
+    }
     uint32_t w[kWordsPerUnit], partner[kWordsPerUnit] = {};
     read_staged_unit(units[r][threadIdx.x], swapped, w);
     if constexpr (kPairs == Pairs::kNeoxAligned) {
@@ -312,14 +357,12 @@ __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
     } else if constexpr (kPairs == Pairs::kNeoxStaged) {
       staged_partner(p, half, reinterpret_cast<const uint16_t*>(&units[r][head_base][0]), unit, partner);
     }
-    const bool in_table = (in_table_rows >> r) & 1u;
-    const append_kernel::Target t = targets[r];
     write_item<kBF16, kPairs, kShape>(p, a, tables + r * floats, in_table, row0 + r, h, unit, w, partner, t,
                                       t.ok && in_table, q_scale, q_inverse, common(kShape) ? kv : kv_scale_of(p, h));
   }
 }
 
-// The common shape up to kDecodeKernelMaxRows rows: CTA (row, chunk of rows_kernel_threads<kShape, 1> items), no shared
+// The common shape up to kDecodeKernelMaxRows rows: CTA (row, chunk of rows_kernel_items<kShape, 1> items), no shared
 // memory and no barrier. Each thread loads its unit into registers, its unit's cos/sin columns from the table row
 // (load_unit_table) and, in K/V threads, the row's index chain itself (the warp's lanes load the same addresses); the
 // NeoX partner, unit u +- G / 2 on the neighbour lane (the rows kernel's lane pairs), comes by shuffle. Load order:
@@ -395,18 +438,19 @@ uint32_t cta_threads(uint64_t items, uint32_t limit) {
 }
 
 // The launch arguments of chunked calls for an instance of rope_append_rows_kernel or rope_append_decode_kernel: chunks
-// of rows_kernel_threads<kShape, kRows>() items (wider than the launcher's kChunkThreads in some: fewer of them).
+// of rows_kernel_items<kShape, kRows>() items (wider than the launcher's kChunkThreads in some: fewer of them).
 template <Shape kShape, int kRows>
 RopeLaunch with_instance_chunks(const RopeLaunch& chunked) {
   RopeLaunch a = chunked;
-  a.span = cta_threads(a.items, rows_kernel_threads<kShape, kRows>());
+  a.span = cta_threads(a.items, rows_kernel_items<kShape, kRows>());
   return a;
 }
 
 template <bool kBF16, Pairs kPairs, Shape kShape = Shape::kAny, int kRows = 4, typename Index = void>
 cudaError_t launch_rows(const RopeParams& p, const RopeLaunch& chunked, cudaStream_t stream, bool programmatic) {
   const RopeLaunch a = with_instance_chunks<kShape, kRows>(chunked);
-  const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(a.span);
+  const uint32_t threads = unit_pairs<kShape, kRows>() ? cta_threads(a.span / 2, a.span) : a.span;
+  const dim3 grid(uint32_t((p.rows + kRows - 1) / kRows), (a.items + a.span - 1) / a.span), block(threads);
   const size_t table_bytes = kRows * table_floats(p.rotary_dim) * sizeof(float);
   return programmatic_launch::launch_with_shared(rope_append_rows_kernel<kBF16, kPairs, kShape, kRows, Index>, grid,
                                                  block, table_bytes, stream, programmatic, p, a);

@@ -244,6 +244,24 @@ __device__ __forceinline__ void staged_partner(const RopeParams& p, int64_t half
   }
 }
 
+// The NaNs among a unit's rounded values replaced by rope_rotation.h's canonical one (the hardware conversion's NaN
+// may differ); whether there was one.
+template <bool kBF16>
+__device__ __forceinline__ bool canonicalise_nans(uint32_t (&out)[kWordsPerUnit]) {
+  uint32_t nans = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) nans |= nan_halves<kBF16>(out[k]);
+  if (nans != 0) {
+    constexpr uint32_t canonical = kBF16 ? rope::kBF16NaN : rope::kFP16NaN;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t halves = (nan_halves<kBF16>(out[k]) >> 15) * 0xFFFFu;  // 0xFFFF per NaN half
+      out[k] = (out[k] & ~halves) | ((canonical | canonical << 16) & halves);
+    }
+  }
+  return nans != 0;
+}
+
 // The unit's values rotated (dims < rotary_dim) and rounded back to 16 bits; value k's pair partner is value k of
 // `partner` (NeoX) or the other half of its own word (GPT-J). A unit wholly below R (the common case) rounds two
 // values per conversion and, with canonical_nans, canonicalises NaNs (rope_rotation.h) when one of the 16 is one.
@@ -280,19 +298,7 @@ __device__ __forceinline__ bool rotate_unit(const RopeParams& p, const Table& ro
         out[k / 2] = round16x2<kBF16>(turned[0], turned[1]);
       }
     }
-    if (!canonical_nans) return false;
-    uint32_t nans = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) nans |= nan_halves<kBF16>(out[k]);
-    if (nans != 0) {
-      constexpr uint32_t canonical = kBF16 ? rope::kBF16NaN : rope::kFP16NaN;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint32_t halves = (nan_halves<kBF16>(out[k]) >> 15) * 0xFFFFu;  // 0xFFFF per NaN half
-        out[k] = (out[k] & ~halves) | ((canonical | canonical << 16) & halves);
-      }
-    }
-    return nans != 0;
+    return canonical_nans && canonicalise_nans<kBF16>(out);
   }
   if constexpr (!common(kShape)) {  // a unit that R ends in or lies beyond (never in the common shape)
 #pragma unroll
@@ -318,6 +324,39 @@ __device__ __forceinline__ bool rotate_unit(const RopeParams& p, const Table& ro
 #pragma unroll
   for (int k = 0; canonical_nans && k < 8; ++k) nans |= nan_halves<kBF16>(out[k]);
   return nans != 0;
+}
+
+// The common shape's NeoX unit pair (u, u + G / 2) of one head, rotated by one thread: each unit's values are the
+// other's partners and both read the same table columns (16 u .. 16 u + 15 of cos and sin), so each value and
+// each column is widened or read once. x c - y s is rotate_unit's x c + y (-s) exactly (a product's sign is
+// exact). Returns, with canonical_nans, bit 0 / 1: a NaN among the first / second unit's results.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t rotate_unit_pair(const RopeParams& p, const float* row, uint32_t unit,
+                                                     const uint32_t (&first)[kWordsPerUnit],
+                                                     const uint32_t (&second)[kWordsPerUnit], bool canonical_nans,
+                                                     uint32_t (&out_first)[kWordsPerUnit],
+                                                     uint32_t (&out_second)[kWordsPerUnit]) {
+  const int half = int(p.rotary_dim / 2);
+#pragma unroll
+  for (int k0 = 0; k0 < 16; k0 += 4) {
+    const float4 c4 = *reinterpret_cast<const float4*>(row + table_slot(int(unit) * 16) + k0);
+    const float4 s4 = *reinterpret_cast<const float4*>(row + table_slot(int(unit) * 16 + half) + k0);
+    const float c[4] = {c4.x, c4.y, c4.z, c4.w}, s[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+    for (int k = k0; k < k0 + 4; k += 2) {
+      float x[2], y[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float a = widen<kBF16>(half_of(first, k + j)), b = widen<kBF16>(half_of(second, k + j));
+        x[j] = __fsub_rn(__fmul_rn(a, c[k + j - k0]), __fmul_rn(b, s[k + j - k0]));
+        y[j] = __fadd_rn(__fmul_rn(b, c[k + j - k0]), __fmul_rn(a, s[k + j - k0]));
+      }
+      out_first[k / 2] = round16x2<kBF16>(x[0], x[1]);
+      out_second[k / 2] = round16x2<kBF16>(y[0], y[1]);
+    }
+  }
+  if (!canonical_nans) return 0;
+  return uint32_t(canonicalise_nans<kBF16>(out_first)) | uint32_t(canonicalise_nans<kBF16>(out_second)) << 1;
 }
 
 struct Block {
@@ -424,27 +463,14 @@ __device__ __forceinline__ KvScale kv_scale_of(const RopeParams& p, const Head& 
   return k;
 }
 
-// Q to q_out, or K to k_out and the cache, or V to the cache: one head's unit after its partner exchange.
-template <bool kBF16, Pairs kPairs, Shape kShape, typename Table>
-__device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const Table& table, bool in_table,
-                                           int64_t row, const Head& h, uint32_t unit,
-                                           const uint32_t (&w)[kWordsPerUnit], const uint32_t (&partner)[kWordsPerUnit],
-                                           const append_kernel::Target& t, bool placed, float q_scale, float q_inverse,
-                                           const KvScale& kv) {
+// Q to q_out, or K to k_out and the cache, or V to the cache: one head's unit as written (rotated, or V's values, or
+// zeros outside the table); `nans`: a NaN among Q's values.
+template <bool kBF16, Shape kShape>
+__device__ __forceinline__ void emit_item(const RopeParams& p, const RopeLaunch& a, int64_t row, const Head& h,
+                                          uint32_t unit, const uint32_t (&out)[kWordsPerUnit], bool nans,
+                                          const append_kernel::Target& t, bool placed, float q_scale, float q_inverse,
+                                          const KvScale& kv) {
   const AppendParams& ap = p.append;
-  uint32_t out[kWordsPerUnit];
-  bool nans = false;  // a NaN among Q's 16 rotated values
-  if (!in_table) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) out[k] = 0;  // outside the table: zero Q / k_out rows, nothing cached
-  } else if (!h.is_q && !h.is_k) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) out[k] = w[k];
-  } else {
-    // NaN bits matter in Q and k_out; the cache keeps only that a block holds a NaN (SPEC step 1).
-    const bool canonical_nans = h.is_q || !common(kShape);
-    nans = rotate_unit<kBF16, kPairs, kShape>(p, table, unit, w, partner, canonical_nans, out);
-  }
   if (h.is_q) {
     if (!q_out_fp8<kShape>(p)) {
       store_unit16(
@@ -499,6 +525,56 @@ __device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch
     store_block<kShape>(a, ap.v_data, ap.v_scales, ap.v_scales_trtllm, t.page, t.entry, h.kv_head, unit, units,
                         uint8_t(b.sf), b.data);
   }
+}
+
+// NaN bits matter in Q and k_out; the cache keeps only that a block holds a NaN (SPEC step 1).
+template <Shape kShape>
+__device__ __forceinline__ bool canonical_nans(const Head& h) {
+  return h.is_q || !common(kShape);
+}
+
+// One head's unit after its partner exchange, rotated (Q, K) and emitted.
+template <bool kBF16, Pairs kPairs, Shape kShape, typename Table>
+__device__ __forceinline__ void write_item(const RopeParams& p, const RopeLaunch& a, const Table& table, bool in_table,
+                                           int64_t row, const Head& h, uint32_t unit,
+                                           const uint32_t (&w)[kWordsPerUnit], const uint32_t (&partner)[kWordsPerUnit],
+                                           const append_kernel::Target& t, bool placed, float q_scale, float q_inverse,
+                                           const KvScale& kv) {
+  uint32_t out[kWordsPerUnit];
+  bool nans = false;
+  if (!in_table) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = 0;  // outside the table: zero Q / k_out rows, nothing cached
+  } else if (!h.is_q && !h.is_k) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = w[k];
+  } else {
+    nans = rotate_unit<kBF16, kPairs, kShape>(p, table, unit, w, partner, canonical_nans<kShape>(h), out);
+  }
+  emit_item<kBF16, kShape>(p, a, row, h, unit, out, nans, t, placed, q_scale, q_inverse, kv);
+}
+
+// The common shape's unit pair (u, u + G / 2) of one head (rotate_unit_pair), rotated (Q, K) and emitted.
+template <bool kBF16, Shape kShape>
+__device__ __forceinline__ void write_item_pair(const RopeParams& p, const RopeLaunch& a, const float* table,
+                                                bool in_table, int64_t row, const Head& h, uint32_t unit,
+                                                const uint32_t (&w)[2][kWordsPerUnit], const append_kernel::Target& t,
+                                                bool placed, float q_scale, float q_inverse, const KvScale& kv) {
+  static_assert(common(kShape), "unit pairs are the common shape's");
+  uint32_t out[2][kWordsPerUnit];
+  uint32_t nans = 0;
+  if (!in_table) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[0][k] = out[1][k] = 0;
+  } else if (!h.is_q && !h.is_k) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[0][k] = w[0][k], out[1][k] = w[1][k];
+  } else {
+    nans = rotate_unit_pair<kBF16>(p, table, unit, w[0], w[1], canonical_nans<kShape>(h), out[0], out[1]);
+  }
+  const uint32_t partner_unit = unit + (1u << a.group_shift) / 2;
+  emit_item<kBF16, kShape>(p, a, row, h, unit, out[0], nans & 1u, t, placed, q_scale, q_inverse, kv);
+  emit_item<kBF16, kShape>(p, a, row, h, partner_unit, out[1], nans & 2u, t, placed, q_scale, q_inverse, kv);
 }
 
 }  // namespace
