@@ -235,8 +235,8 @@ __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
   const bool write_q = !q_fp8 || usable_global_scale(q_scale);  // a bad device scale leaves Q untouched
   const bool active = item < a.items && (common(kShape) || unit < uint32_t(ap.head_dim / codec::kBlockSize)) &&
                       (!h.is_q || write_q) && (!kUnitPairs || threadIdx.x < a.span / 2);
-  // Unit pairs: the thread's 4 16-byte pieces (u's halves, then u + G / 2's) at units[r][2 t], piece i in slot
-  // i ^ twist, so that any 8 consecutive lanes' 16-byte reads of one piece fall in different banks.
+  // Unit pairs: the thread's 4 16-byte pieces (u's halves, then u + G / 2's) in units[r][2 t .. 2 t + 1], piece i in
+  // slot i ^ twist, so that any 8 consecutive lanes' 16-byte reads of one piece fall in different banks.
   const uint32_t twist = (threadIdx.x >> 1) & 3u;
   append_kernel::LoadedIndex<Index> positions[kRows];
 #pragma unroll
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
       if constexpr (kUnitPairs) {
 #pragma unroll
         for (uint32_t piece = 0; piece < 4; ++piece) {
-          copy16_async(&units[r][2 * threadIdx.x][4 * (piece ^ twist)],
+          copy16_async(reinterpret_cast<uint4*>(units[r]) + 4 * threadIdx.x + (piece ^ twist),
                        inputs[r] + (piece >> 1) * half_group * 16 + (piece & 1u) * 8);
         }
       } else if constexpr (kPairCopies) {
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
     const append_kernel::Target t = targets[r];
     if constexpr (kUnitPairs) {
       uint32_t pair[2][kWordsPerUnit];
-      const uint4* pieces = reinterpret_cast<const uint4*>(&units[r][2 * threadIdx.x][0]);
+      const uint4* pieces = reinterpret_cast<const uint4*>(units[r]) + 4 * threadIdx.x;
 #pragma unroll
       for (uint32_t piece = 0; piece < 4; ++piece) {
         const uint4 v = pieces[piece ^ twist];
