@@ -11,7 +11,8 @@
 //   other shapes up to kRowsPerCtaMinRows rows (rope_append_kernel): one row and a 128-thread chunk per CTA (one
 //     item per thread; only chunks holding K or V items follow the index chain);
 //   prefill, 16-byte aligned inputs: rope_append_rows_kernel, 2 or 4 rows of one chunk per CTA, the inputs
-//     staged in shared memory by cp.async so that more bytes are in flight than registers could hold; the
+//     staged in shared memory by cp.async so that more bytes are in flight than registers could hold (the common
+//     shape's instances: a NeoX unit pair per thread, 64 threads per 128-item chunk); the
 //     common shape takes this kernel with one row per CTA (and 256-thread chunks with 16-bit Q) from
 //     kDecodeKernelMaxRows rows to kRowsPerCtaMinRows;
 //   one CTA per row (span = all items, up to 1024 threads): the test hook's "oneshot", and rows of more than
@@ -51,9 +52,8 @@ constexpr int64_t kDecodeKernelMaxRows = 64;
 constexpr int kRowsKernelCtasPerSm = 8;  // 64 registers: 32 warps per SM
 // The decode kernel holds its unit's table in registers: 80 registers, 24 warps per SM.
 constexpr int kDecodeCtasPerSm = 6;
-// The common shape with several rows per CTA: 48 registers (sm_90: no spills but 8-24 bytes in the fp16 FP8-Q ones).
-constexpr int kCommonRowsKernelCtasPerSm = 10;
-// The unit-pair instances (64 threads): 64 registers, 32 warps per SM.
+// The common shape with several rows per CTA (unit pairs, 64 threads): 64 registers, 32 warps per SM (sm_90: no
+// spills).
 constexpr int kUnitPairCtasPerSm = 16;
 
 using namespace rope_unit;
@@ -168,11 +168,11 @@ __device__ __forceinline__ void read_staged_unit(const uint32_t (&staged)[kWords
   w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
 }
 
-// Prefill shape: CTA (group of kRows rows, 128-thread chunk) with 16-byte aligned inputs. Each thread's unit
-// of every row of the group goes to shared memory by cp.async (bytes in flight without registers held), the rows'
-// positions and table rows are loaded once for all of them, and lane r < kRows of the last warp follows row
-// r's index chain for the CTA; one barrier, then each thread works through its item row by row. Pair partners are
-// read from the staged units. Index: the type of every index tensor and the RoPE positions (void: a mix).
+// Prefill shape: CTA (group of kRows rows, 128-item chunk) with 16-byte aligned inputs. Each thread's unit (unit
+// pair in the common instances) of every row of the group goes to shared memory by cp.async (bytes in flight without
+// registers held), the rows' positions and table rows are loaded once for all of them, and lane r < kRows of the last
+// warp follows row r's index chain for the CTA; one barrier, then each thread works through its item row by row. Pair
+// partners are read from the staged units. Index: the type of every index tensor and the RoPE positions (void: a mix).
 // Load order, so that a decode row waits two memory round trips before its barrier: level 1 of the chains, the
 // positions (kept as loaded) and the input copies go out together; then the chain lanes load their page ids
 // while the other warps load the table rows.
@@ -189,14 +189,14 @@ __global__ void __launch_bounds__(rows_kernel_threads<kShape, kRows>(),
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
   const uint32_t group = 1u << a.group_shift;
   const uint32_t slot = threadIdx.x & (group - 1);  // the thread's place in its head's lane group
-  // Common instances: the pair partners u and u + G / 2 on lanes 2 i and 2 i + 1, so that the two lanes read the
-  // same table addresses (a 16-byte shared load then returns two lanes' registers per wavefront); elsewhere u = slot.
-  // Unit pairs: thread t takes units u = t % (G / 2) and u + G / 2 of the chunk's head t / (G / 2).
+  // Unit pairs: thread t takes units u = t % (G / 2) and u + G / 2 of the chunk's head t / (G / 2). One-row common
+  // instances: the pair partners u and u + G / 2 on lanes 2 i and 2 i + 1, so that the two lanes read the same table
+  // addresses (a 16-byte shared load then returns two lanes' registers per wavefront). Elsewhere u = slot.
   const uint32_t half_group = group / 2;
   const uint32_t unit = kUnitPairs       ? threadIdx.x & (half_group - 1)
                         : common(kShape) ? (slot >> 1) | ((slot & 1u) << (a.group_shift - 1))
                                          : slot;
-  // Common instances: the halves of the units of lanes with bit 2 set staged swapped, so that 8 consecutive
+  // One-row common instances: the halves of the units of lanes with bit 2 set staged swapped, so that 8 consecutive
   // lanes' 16-byte reads of units 32 bytes apart fall in different banks.
   const uint32_t swapped = common(kShape) ? (threadIdx.x >> 2) & 1u : 0u;
   // Chunks in reverse: the K/V chunk, whose CTAs follow the index chain and quantize, is dispatched first and
