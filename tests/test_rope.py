@@ -157,7 +157,7 @@ def test_other_cuda_kernel_shapes_match_reference(params, forced_kernel_mode):
     """The CUDA kernels' other shapes on the same grid (the grid's calls are small: the automatic choice is a
     128-thread chunk of one row per CTA, in the rows kernel for the common shape and in the decode kernel
     otherwise): one CTA per row ("oneshot"), the decode kernel for every shape ("split"), and the prefill shape,
-    chunks of 2-4 rows staged in shared memory ("pair"; calls whose inputs are not 16-byte aligned keep one row
+    chunks of 2 or 4 rows staged in shared memory ("pair"; calls whose inputs are not 16-byte aligned keep one row
     per CTA)."""
     _assert_grid_case_matches(params, "cuda")
 

@@ -2,7 +2,7 @@
 // that one process can check every kernel mode's bytes (tests/test_cuda.py, tests/test_mla.py). Not a
 // user setting. The MLA latent append reads it too: "split" forces its row kernel, "pair" its chain kernel; the
 // fused RoPE append: "oneshot" forces one CTA per row instead of CTAs of 128-thread chunks of a row, "split" its
-// decode kernel, "pair" its rows kernel with 2-4 rows per CTA.
+// decode kernel, "pair" its rows kernel with 2 (common shape) or 4 rows per CTA.
 #pragma once
 
 #include <atomic>

@@ -49,7 +49,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         default="auto",
         choices=["auto", "pair", "split", "oneshot"],
         help="force one kernel (the tests' hook, for A/B runs; MLA: split = row kernel, pair = chain kernel; "
-        "fused RoPE: split = decode kernel, pair = rows kernel with 2-4 rows per CTA, oneshot = one CTA per row)",
+        "fused RoPE: split = decode kernel, pair = rows kernel with 2 or 4 rows per CTA, oneshot = one CTA per row)",
     )
     parser.add_argument(
         "--accuracy",

@@ -341,7 +341,8 @@ class RopeInputSets(InputSets):
     def unfused(self, i: int) -> None:
         """The pipeline a user writes without the fused op: a compiled RoPE of Q and K, then the append."""
         s = self.sets[i % len(self.sets)]
-        _, k = _compiled_rope(s["query"], s["key"], self.cos_sin_cache, s["positions"], s["q_scale"])
+        with torch._dynamo.config.patch(recompile_limit=_UNFUSED_COMPILES):
+            _, k = _compiled_rope(s["query"], s["key"], self.cos_sin_cache, s["positions"], s["q_scale"])
         nvfp4kv.nvfp4_quantize_append_paged_kv_cache(
             k, s["value"], s["batch_indices"], s["positions"], (self.k_cache, self.v_cache), (self.k_sf, self.v_sf),
             s["kv_indices"], s["kv_indptr"], s["kv_last_page_len"], s["k_scale"], s["v_scale"],
@@ -364,4 +365,7 @@ def _rope_qk(query, key, cos_sin_cache, positions, q_scale: Optional[float]):
     return q, rotate(key)
 
 
-_compiled_rope = torch.compile(_rope_qk, dynamic=False)
+# One static compile per case (shape and Q dtype). Past torch's default limit of 8 compiles per function, dynamo
+# would silently run the RoPE eagerly; fullgraph turns that into an error, and the limit leaves room for every case.
+_UNFUSED_COMPILES = 64
+_compiled_rope = torch.compile(_rope_qk, dynamic=False, fullgraph=True)
