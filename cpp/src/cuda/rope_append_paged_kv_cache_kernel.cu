@@ -10,12 +10,11 @@
 //     loads its unit, its unit's table columns and (K/V) the row's index chain itself;
 //   other shapes up to kRowsPerCtaMinRows rows (rope_append_kernel): one row and a 128-thread chunk per CTA (one
 //     item per thread; only chunks holding K or V items follow the index chain);
-//   prefill, 16-byte aligned inputs: rope_append_rows_kernel, 2 (common shape) or 4 rows of one chunk per CTA, the
-//   inputs
-//     staged in shared memory by cp.async so that more bytes are in flight than registers could hold (the common
-//     shape's instances: a NeoX unit pair per thread, 64 threads per 128-item chunk); the
-//     common shape takes this kernel with one row per CTA (and 256-thread chunks with 16-bit Q) from
-//     kDecodeKernelMaxRows rows to kRowsPerCtaMinRows;
+//   prefill, 16-byte aligned inputs: rope_append_rows_kernel, 2 (common shape) or 4 rows of one chunk per CTA,
+//     the inputs staged in shared memory by cp.async so that more bytes are in flight than registers could hold
+//     (the common shape's instances: a NeoX unit pair per thread, 64 threads per 128-item chunk); the common shape
+//     takes this kernel with one row per CTA (and 256-thread chunks with 16-bit Q) from kDecodeKernelMaxRows rows to
+//     kRowsPerCtaMinRows;
 //   one CTA per row (span = all items, up to 1024 threads): the test hook's "oneshot", and rows of more than
 //     65535 chunks.
 // Every CTA but the common decode kernel's stages its rows' cos/sin table rows in shared memory as float32 (one
@@ -477,7 +476,7 @@ bool common_shape(const RopeParams& p, const RopeLaunch& a, Pairs pairs) {
 
 // Kernel and rows per CTA (docs/PERFORMANCE.md section 10): the common shape takes its decode kernel up to
 // kDecodeKernelMaxRows rows, the rows kernel with one row per CTA below kRowsPerCtaMinRows rows (faster than
-// rope_append_kernel there), and from there on 2 (unit pairs; with FP8 Q 4 rows per CTA were 7-10% slower, their
+// rope_append_kernel there), and from there on 2 (unit pairs; with FP8 Q 4 rows per CTA were 12-23% slower, their
 // shared memory capping the CTAs per SM, docs/PERFORMANCE.md r17); other shapes take 4 from kRowsPerCtaMinRows on.
 template <bool kBF16, typename Index>
 cudaError_t launch_common(const RopeParams& p, const RopeLaunch& a, bool rows_per_cta, cudaStream_t stream,
