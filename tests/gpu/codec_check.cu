@@ -120,7 +120,7 @@ __global__ void check_blocks(uint32_t seed, unsigned long long* bad, unsigned lo
   float x[16];
   for (int j = 0; j < 16; ++j) {
     values[j] = random_value<kBF16>(hash(block_h + 0x9e3779b9u * (j + 1)), block_h);
-    x[j] = kBF16 ? codec::bf16_bits_to_float(values[j]) : codec::fp16_bits_to_float(values[j]);
+    x[j] = codec::bits16_to_float(values[j], kBF16);
   }
   for (int i = 0; i < 8; ++i) w[i] = uint32_t(values[2 * i]) | (uint32_t(values[2 * i + 1]) << 16);
   // Global scales over the whole positive fp32 range, biased toward ones that fit the data.
@@ -237,7 +237,7 @@ __global__ void check_four_over_six_blocks(uint32_t seed, unsigned long long* ba
   float amax = 0.0f;
   for (int j = 0; j < 16; ++j) {
     values[j] = four_over_six_value<kBF16>(hash(block_h + 0x9e3779b9u * (j + 1)), block_h);
-    x[j] = kBF16 ? codec::bf16_bits_to_float(values[j]) : codec::fp16_bits_to_float(values[j]);
+    x[j] = codec::bits16_to_float(values[j], kBF16);
     amax = fmaxf(amax, fabsf(x[j]));
   }
   for (int i = 0; i < 8; ++i) w[i] = uint32_t(values[2 * i]) | (uint32_t(values[2 * i + 1]) << 16);
@@ -303,10 +303,8 @@ template <bool kBF16>
 __global__ void check_nan_free_quotient_bytes(uint32_t s_bits, unsigned long long* bad) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t word = (i & 0xFFFFu) | (hash(i) & 0xFFFF0000u);
-  const auto value = [](uint32_t bits) {
-    return kBF16 ? codec::bf16_bits_to_float(uint16_t(bits)) : codec::fp16_bits_to_float(uint16_t(bits));
-  };
-  const float x0 = value(word), x1 = value(word >> 16), s = __uint_as_float(s_bits);
+  const float x0 = codec::bits16_to_float(uint16_t(word), kBF16);
+  const float x1 = codec::bits16_to_float(uint16_t(word >> 16), kBF16), s = __uint_as_float(s_bits);
   const float inverse = block_quantizer::division_inverse(s);
   if (x0 != x0 || x1 != x1 || inverse == 0.0f) return;
   const uint32_t fast = block_quantizer::nan_free_quotient_bytes2<kBF16>(word, s, inverse);

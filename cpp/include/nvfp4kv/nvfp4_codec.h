@@ -68,6 +68,11 @@ NVFP4KV_HOST_DEVICE float fp16_bits_to_float(uint16_t h) {
   return bits_float(sign | float_bits(magnitude));
 }
 
+// Exact widening of 16-bit float bits, bfloat16 or IEEE binary16.
+NVFP4KV_HOST_DEVICE float bits16_to_float(uint16_t h, bool bf16) {
+  return bf16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+}
+
 // Round a non-negative fp32 (or +inf) to float8_e4m3fn: nearest even, subnormals kept,
 // everything at or above 448 (including +inf) saturates to 448, and so does NaN (inf / inf, when a
 // block holding an infinity meets a 6 s that overflows).

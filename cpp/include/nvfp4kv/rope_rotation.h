@@ -49,10 +49,6 @@ NVFP4KV_HOST_DEVICE uint16_t bits_from_float(float f, bool bf16) {
   return bf16 ? bf16_bits_from_float(f) : fp16_bits_from_float(f);
 }
 
-NVFP4KV_HOST_DEVICE float float_from_bits(uint16_t bits, bool bf16) {
-  return bf16 ? codec::bf16_bits_to_float(bits) : codec::fp16_bits_to_float(bits);
-}
-
 // The element type of a cos/sin table (fp16 and bf16 widen to fp32 exactly).
 enum class TableType : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 

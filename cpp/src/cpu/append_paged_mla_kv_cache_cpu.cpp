@@ -10,9 +10,7 @@
 namespace nvfp4kv {
 namespace {
 
-float input_value(const MlaParams& p, uint16_t bits) {
-  return p.input_is_bf16 ? codec::bf16_bits_to_float(bits) : codec::fp16_bits_to_float(bits);
-}
+float input_value(const MlaParams& p, uint16_t bits) { return codec::bits16_to_float(bits, p.input_is_bf16); }
 
 void append_row(const MlaParams& p, int64_t row, float ckv_scale, float kpe_scale) {
   int64_t page, entry;

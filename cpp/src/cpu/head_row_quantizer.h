@@ -14,7 +14,7 @@ inline void quantize_head_row(const AppendParams& p, const uint16_t* src, float 
     float x[codec::kBlockSize];
     for (int j = 0; j < codec::kBlockSize; ++j) {
       const uint16_t bits = src[block * codec::kBlockSize + j];
-      x[j] = p.input_is_bf16 ? codec::bf16_bits_to_float(bits) : codec::fp16_bits_to_float(bits);
+      x[j] = codec::bits16_to_float(bits, p.input_is_bf16);
     }
     uint64_t packed;
     *scale_address(scales, trtllm_scales, page, entry, head, block, blocks) =

@@ -32,8 +32,8 @@ void rotate_head(const RopeParams& p, const uint16_t* src, const void* table, ui
     const int64_t j = rope::pair_index(d, half, p.neox);
     const float c = rope::table_value(table, j, p.cos_sin_type);
     const float s = rope::table_value(table, half + j, p.cos_sin_type);
-    const float v = rope::float_from_bits(src[d], bf16);
-    const float w = rope::float_from_bits(src[rope::partner_dim(d, half, p.neox)], bf16);
+    const float v = codec::bits16_to_float(src[d], bf16);
+    const float w = codec::bits16_to_float(src[rope::partner_dim(d, half, p.neox)], bf16);
     out[d] = rope::bits_from_float(rope::rotated_value(rope::first_of_pair(d, half, p.neox), v, w, c, s), bf16);
   }
 }
@@ -46,7 +46,7 @@ void write_q_head(const RopeParams& p, const uint16_t* rotated, void* out, float
   }
   uint8_t* bytes = static_cast<uint8_t*>(out);
   for (int64_t d = 0; d < head_dim; ++d) {
-    bytes[d] = q_fp8_byte(rope::float_from_bits(rotated[d], p.append.input_is_bf16), q_scale);
+    bytes[d] = q_fp8_byte(codec::bits16_to_float(rotated[d], p.append.input_is_bf16), q_scale);
   }
 }
 

@@ -71,7 +71,7 @@ struct MlaLaunch {
 
 template <bool kBF16>
 __device__ __forceinline__ float value_of(uint32_t bits) {
-  return kBF16 ? codec::bf16_bits_to_float(uint16_t(bits)) : codec::fp16_bits_to_float(uint16_t(bits));
+  return codec::bits16_to_float(uint16_t(bits), kBF16);
 }
 
 // kpe_scale and division_inverse(kpe_scale): the kpe bytes are block_quantizer's quotient bytes.

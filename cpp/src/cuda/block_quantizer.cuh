@@ -182,17 +182,17 @@ __device__ __forceinline__ uint32_t quotient_bytes2(float x0, float x1, float s,
 // instructions per word on sm_90 against quotient_bytes2's 27 (its NaN patch and division fallback).
 template <bool kBF16>
 __device__ __forceinline__ uint32_t nan_free_quotient_bytes2(uint32_t word, float s, float inverse) {
-  const auto value = [](uint32_t bits) {
-    return kBF16 ? codec::bf16_bits_to_float(uint16_t(bits)) : codec::fp16_bits_to_float(uint16_t(bits));
-  };
 #if __CUDA_ARCH__ >= 890
-  const float t0 = fminf(hoisted_quotient(fabsf(value(word)), s, inverse), codec::kE4M3MaxValue);
-  const float t1 = fminf(hoisted_quotient(fabsf(value(word >> 16)), s, inverse), codec::kE4M3MaxValue);
+  const float t0 =
+      fminf(hoisted_quotient(fabsf(codec::bits16_to_float(uint16_t(word), kBF16)), s, inverse), codec::kE4M3MaxValue);
+  const float t1 = fminf(hoisted_quotient(fabsf(codec::bits16_to_float(uint16_t(word >> 16), kBF16)), s, inverse),
+                         codec::kE4M3MaxValue);
   uint16_t pair;  // the first operand goes to the high byte
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(t1), "f"(t0));
   return pair | (prmt(word, 0u, 0x4431u) & 0x8080u);  // bytes 1 and 3 of the word: its halves' sign bits
 #else
-  return quotient_bytes2(value(word), value(word >> 16), s, inverse);
+  return quotient_bytes2(codec::bits16_to_float(uint16_t(word), kBF16),
+                         codec::bits16_to_float(uint16_t(word >> 16), kBF16), s, inverse);
 #endif
 }
 

@@ -127,7 +127,7 @@ __device__ __forceinline__ uint32_t round16(float f) {
 
 template <bool kBF16>
 __device__ __forceinline__ float widen(uint32_t bits) {
-  return rope::float_from_bits(uint16_t(bits), kBF16);
+  return codec::bits16_to_float(uint16_t(bits), kBF16);
 }
 
 // cos and sin' (sin negated for a pair's first member; NeoX aligned: sin, the sign being the whole unit's and
