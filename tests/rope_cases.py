@@ -109,7 +109,8 @@ def make_rope_case(
     invalid_positions: rope positions -1 (row 0), max_pos (a middle row < nnz) and -max_pos - 3 (the last row).
     special_values: Q_EDGE_VALUES * q_scale in the Q of padding row n - 2 at rope position 0 (cos 1, sin 0: the
     rotation keeps each value whose partner is finite; Q_FINITE_EDGE_VALUES in its odd heads) and in the dims >= R of
-    padding row n - 3; a NaN in a K row and an infinity in a V row.
+    padding row n - 3, where Q head 0 also holds infinities that rotate to a NaN in one member of a NeoX pair only;
+    a NaN in a K row and an infinity in a V row.
     """
     rotary_dim = head_dim if rotary_dim is None else rotary_dim
     table = make_append_case(num_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, batch_size=batch_size,
@@ -125,6 +126,7 @@ def make_rope_case(
     x[torch.rand(x.shape, generator=g) < 0.02] = 0.0
 
     max_pos = int(table.positions.max()) + 5
+    cos_sin_cache = cos_sin_table(max_pos, rotary_dim, table_dtype)
     rope_positions = torch.randint(0, max_pos, (n,), generator=g)
     rope_positions[:nnz] = table.positions.long()  # the usual case: the rope position is the cache position
     q_scale = 0.5
@@ -138,8 +140,17 @@ def make_rope_case(
         halves = [finite.repeat(tiles)[:half], finite.flip(0).repeat(tiles)[: head_dim - half]]
         x[row, 1:num_qo_heads:2] = torch.cat(halves)
         assert padding_rows >= 3, "special values go into the padding rows n - 2 and n - 3"
+        rope_positions[n - 3] = max_pos - 1
+        # Infinities that rotate to a NaN in one member of a NeoX pair only (x c - y s = inf - inf while y c + x s is
+        # infinite, or the reverse), in Q head 0 of row n - 3: pair j = 0 in its first member, pair j2 (of the next
+        # unit where there is one) in its second.
+        half = rotary_dim // 2
+        for j, nan_in_first in ((0, True), (16 if half > 16 else half - 1, False)):
+            c, s = (float(v) for v in cos_sin_cache[max_pos - 1, [j, half + j]])
+            assert c != 0 and s != 0, "the construction needs a nonzero cos and sin"
+            same = math.copysign(1.0, c) * math.copysign(1.0, s)
+            x[n - 3, 0, j], x[n - 3, 0, half + j] = math.inf, (same if nan_in_first else -same) * math.inf
         if rotary_dim < head_dim:
-            rope_positions[n - 3] = max_pos - 1
             tail = x[n - 3, :num_qo_heads, rotary_dim:]
             tail.copy_(edges.repeat(math.ceil(tail.shape[-1] / len(edges)))[: tail.shape[-1]])
         x[nnz - 1, num_qo_heads, 3] = math.nan  # a K row's NaN block (scale 0x7F)
@@ -172,7 +183,7 @@ def make_rope_case(
         query=query,
         key=key,
         value=value,
-        cos_sin_cache=cos_sin_table(max_pos, rotary_dim, table_dtype),
+        cos_sin_cache=cos_sin_cache,
         rope_positions=rope_positions.to(rope_index_dtype),
         batch_indices=table.batch_indices,
         positions=table.positions,
