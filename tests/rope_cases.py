@@ -141,15 +141,15 @@ def make_rope_case(
         x[row, 1:num_qo_heads:2] = torch.cat(halves)
         assert padding_rows >= 3, "special values go into the padding rows n - 2 and n - 3"
         rope_positions[n - 3] = max_pos - 1
-        # Infinities that rotate to a NaN in one member of a NeoX pair only (x c - y s = inf - inf while y c + x s is
-        # infinite, or the reverse), in Q head 0 of row n - 3: pair j = 0 in its first member, pair j2 (of the next
-        # unit where there is one) in its second.
-        half = rotary_dim // 2
-        for j, nan_in_first in ((0, True), (16 if half > 16 else half - 1, False)):
-            c, s = (float(v) for v in cos_sin_cache[max_pos - 1, [j, half + j]])
+        # Infinities that rotate to a NaN in one member of a NeoX pair (j, j + m) only (x c - y s = inf - inf while
+        # y c + x s is infinite, or the reverse), in Q head 0 of row n - 3: pair 0 in its first member, pair 16 (the
+        # next unit's first; pair m - 1 where m <= 16) in its second.
+        m = rotary_dim // 2
+        for j, nan_in_first in ((0, True), (16 if m > 16 else m - 1, False)):
+            c, s = (float(v) for v in cos_sin_cache[max_pos - 1, [j, m + j]])
             assert c != 0 and s != 0, "the construction needs a nonzero cos and sin"
             same = math.copysign(1.0, c) * math.copysign(1.0, s)
-            x[n - 3, 0, j], x[n - 3, 0, half + j] = math.inf, (same if nan_in_first else -same) * math.inf
+            x[n - 3, 0, j], x[n - 3, 0, m + j] = math.inf, (same if nan_in_first else -same) * math.inf
         if rotary_dim < head_dim:
             tail = x[n - 3, :num_qo_heads, rotary_dim:]
             tail.copy_(edges.repeat(math.ceil(tail.shape[-1] / len(edges)))[: tail.shape[-1]])
