@@ -683,6 +683,20 @@ def test_readme_example_compiles_captures_and_matches_reference():
     assert bool(caches[0].any())
 
 
+@pytest.mark.parametrize("forced_kernel_mode", ["auto", "oneshot", "pair"], indirect=True)
+@pytest.mark.parametrize("k_out", [False, True])
+def test_empty_table_rotates_no_row(k_out, forced_kernel_mode, device):
+    """A cos/sin table of no rows: every rope position lies outside it, so every Q (and k_out) row is zeros and
+    nothing is cached; no kernel reads the empty table."""
+    if device == "cpu" and forced_kernel_mode != "auto":
+        pytest.skip("the CPU op has one kernel")
+    case = make_rope_case(head_dim=128, packed=True, seed=seed_of("empty table", k_out))
+    case = dataclasses.replace(case, cos_sin_cache=case.cos_sin_cache[:0])
+    _, (q, _, written_k) = assert_rope_matches(case, device, k_out=k_out)
+    assert not raw(q).any()
+    assert written_k is None or not raw(written_k).any()
+
+
 def test_empty_page_table_still_rotates_every_row(device):
     """No row placed (nnz 0, an empty page table): Q and k_out are rotated all the same, the caches untouched."""
     case = make_rope_case(seed=seed_of("empty page table")).to(device)

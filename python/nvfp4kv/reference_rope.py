@@ -83,7 +83,8 @@ def apply_rope(x: Tensor, cos_sin_cache: Tensor, rope_positions: Tensor, is_neox
     m = rotary_dim // 2
     p = rope_positions.long()
     valid = (p >= 0) & (p < max_pos)
-    table = cos_sin_cache.to(torch.float32)[torch.where(valid, p, 0)]  # [n, R], exact widening
+    rows = cos_sin_cache.to(torch.float32) if max_pos else cos_sin_cache.new_zeros(1, rotary_dim, dtype=torch.float32)
+    table = rows[torch.where(valid, p, 0)]  # [n, R], exact widening; rows outside the table read row 0 (zeroed below)
     c = table[:, None, :m]  # [n, 1, m]
     s = table[:, None, m:]
     a, b = _pair_dims(m, is_neox, x.device)
