@@ -1,6 +1,6 @@
 """What the test modules share: the devices a test runs on, seeds from test parameters, the comparison
 of whole caches, the op against the reference on one case, calls on fake tensors, page geometry and
-misaligned copies. Random input cases come from tests/append_cases.py.
+misaligned copies, and the property tests' settings. Random input cases come from tests/append_cases.py.
 
 A test with an argument named `device` runs once per device present: "cpu", and "cuda" where a GPU
 and a build with the CUDA kernels exist (a test that parametrizes `device` itself keeps its own list).
@@ -11,12 +11,18 @@ of the reference oracle (tests/reference_source.py) run without the compiled lib
 from __future__ import annotations
 
 import functools
+import os
 import zlib
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from append_cases import cache_bytes
+
+# The property tests' settings: NVFP4KV_FUZZ_EXAMPLES random cases per test (60 by default).
+FUZZ = settings(max_examples=int(os.environ.get("NVFP4KV_FUZZ_EXAMPLES", "60")), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow], derandomize=False)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=None)

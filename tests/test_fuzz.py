@@ -8,17 +8,14 @@ import os
 
 import pytest
 import torch
-from conftest import assert_append_matches, assert_same_caches, page_geometry
-from hypothesis import HealthCheck, assume, given, settings
+from conftest import FUZZ, assert_append_matches, assert_same_caches, page_geometry
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import nvfp4kv
 from nvfp4kv import reference
 
 from append_cases import cache_bytes, make_append_case
-
-EXAMPLES = int(os.environ.get("NVFP4KV_FUZZ_EXAMPLES", "60"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
 
 case_options = st.fixed_dictionaries(
     {

@@ -4,7 +4,8 @@
 Every comparison is of bytes: the whole storage behind both caches (poisoned with random bytes), Q out (fresh,
 preallocated over poison, in place in query, or FP8), k_out, and the whole storage behind query/key/value (in-place
 Q out writes query's bytes and nothing else). On CUDA the CPU op's bytes must match too. The parameter grid is an
-all-pairs cover (tests/rope_cases.py: pairwise), not a full product.
+all-pairs cover (tests/rope_cases.py: pairwise), not a full product; random calls beyond its geometries (hypothesis,
+conftest.FUZZ) check the same bytes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_no_synchronisation_or_allocation, assert_same_caches, has_cuda, misaligned_copy, seed_of
+from conftest import (
+    FUZZ,
+    assert_no_synchronisation_or_allocation,
+    assert_same_caches,
+    has_cuda,
+    misaligned_copy,
+    seed_of,
+)
+from hypothesis import given
+from hypothesis import strategies as st
 
 import nvfp4kv
 from nvfp4kv import reference_rope
@@ -160,6 +170,53 @@ def test_other_cuda_kernel_shapes_match_reference(params, forced_kernel_mode):
     chunks of 2 or 4 rows staged in shared memory ("pair"; calls whose inputs are not 16-byte aligned keep one row
     per CTA)."""
     _assert_grid_case_matches(params, "cuda")
+
+
+@st.composite
+def random_calls(draw) -> tuple:
+    """make_rope_case's options and call's, beyond the grid: any head_dim of 16-value units up to 512, any even
+    rotary_dim, any head counts, page sizes that do not divide the tokens ("trtllm" V scales: where their tiles fit)."""
+    head_dim = draw(st.sampled_from([16, 32, 48, 64, 80, 128, 192, 256, 512]))
+    padding_rows = draw(st.sampled_from([0, 3, 5]))
+    v_sf_layout = draw(st.sampled_from(["linear", "trtllm"] if head_dim % 64 == 0 else ["linear"]))
+    case = dict(
+        num_qo_heads=draw(st.integers(1, 6)),
+        num_kv_heads=draw(st.integers(1, 3)),
+        head_dim=head_dim,
+        rotary_dim=2 * draw(st.integers(1, head_dim // 2)),
+        page_size=draw(st.sampled_from([1, 2, 3, 16] if v_sf_layout == "linear" else [4, 16])),  # "trtllm": 4 | page
+        batch_size=draw(st.integers(1, 4)),
+        max_tokens=draw(st.integers(1, 40)),
+        decode=draw(st.booleans()),
+        layout=draw(st.sampled_from(["NHD", "HND"])),
+        stacked=draw(st.booleans()),
+        strided_cache=v_sf_layout == "linear" and draw(st.booleans()),  # "trtllm" needs contiguous tiles
+        packed=draw(st.booleans()),
+        dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
+        index_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        rope_index_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        table_dtype=draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16])),
+        is_neox=draw(st.booleans()),
+        padding_rows=padding_rows,
+        invalid_positions=draw(st.booleans()),
+        special_values=padding_rows >= 3 and draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+    options = dict(
+        slots=draw(st.booleans()),
+        q_mode=draw(st.sampled_from(Q_MODES)),
+        k_out=draw(st.booleans()),
+        v_sf_layout=v_sf_layout,
+        scale_search=draw(st.sampled_from(["none", "4over6"])),
+    )
+    return case, options
+
+
+@FUZZ
+@given(random_call=random_calls())
+def test_random_calls_match_reference(device, random_call):
+    case, options = random_call
+    assert_rope_matches(make_rope_case(**case), device, **options)
 
 
 # (cache index dtype, RoPE position dtype): the kernels read one type throughout, or a mix.
