@@ -1,7 +1,8 @@
 """The MLA latent appends (docs/SPEC.md section 4) against the pure-PyTorch reference, on every device.
 
 Every test compares whole caches (poisoned with random bytes) with the reference's, so a byte written in
-the wrong place, or not written, fails; on CUDA the CPU op's bytes must match too.
+the wrong place, or not written, fails; on CUDA the CPU op's bytes must match too. Besides the fixed geometries,
+random calls (hypothesis, conftest.FUZZ) cover any latent and RoPE widths, page sizes and cache forms.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import itertools
 
 import pytest
 import torch
-from conftest import assert_no_synchronisation_or_allocation, has_cuda, seed_of
+from conftest import FUZZ, assert_no_synchronisation_or_allocation, has_cuda, seed_of
+from hypothesis import assume, given
+from hypothesis import strategies as st
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4kv
@@ -62,6 +65,39 @@ def test_large_call_matches_reference(device):
     assert case.append_ckv.shape[0] >= 4096 and case.append_ckv.shape[0] % 2 == 1, case.append_ckv.shape
     assert_mla_matches(case, device, what="seed 32")
     assert_mla_matches(case, device, slot_mapping=True, what="seed 32, slots")
+
+
+@st.composite
+def random_calls(draw) -> tuple:
+    """make_mla_case's options beyond GEOMETRIES (any C of 16-value blocks up to 1024, any R up to 130, page sizes
+    that do not divide the tokens, every input and cache form) and whether the call takes slots. A pool holds a
+    16-bit kpe cache only where make_mla_case can align it: with the FP8 kpe cache."""
+    dtype = draw(st.sampled_from([torch.bfloat16, torch.float16]))
+    kpe_cache_dtype = draw(st.sampled_from([torch.float8_e4m3fn, dtype]))
+    case = dict(
+        ckv_dim=16 * draw(st.integers(1, 64)),
+        kpe_dim=draw(st.integers(1, 130)),
+        page_size=draw(st.sampled_from([1, 2, 3, 8, 16, 64])),
+        batch_size=draw(st.integers(1, 4)),
+        max_tokens=draw(st.integers(1, 50)),
+        decode=draw(st.booleans()),
+        dtype=dtype,
+        index_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        projection=draw(st.booleans()),
+        pool=kpe_cache_dtype == torch.float8_e4m3fn and draw(st.booleans()),
+        kpe_cache_dtype=kpe_cache_dtype,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+    return case, draw(st.booleans())
+
+
+@FUZZ
+@given(random_call=random_calls())
+def test_random_calls_match_reference(device, random_call):
+    case_options, slot_mapping = random_call
+    case = make_mla_case(**case_options)
+    assume(case.ckv_scale > 0 and case.kpe_scale > 0)  # a few rows can be all zeros: no scale to calibrate
+    assert_mla_matches(case, device, slot_mapping=slot_mapping)
 
 
 FORMS = list(itertools.product([torch.bfloat16, torch.float16], [torch.int32, torch.int64], [False, True],
