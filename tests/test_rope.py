@@ -179,12 +179,12 @@ def random_calls(draw) -> tuple:
     head_dim = draw(st.sampled_from([16, 32, 48, 64, 80, 128, 192, 256, 512]))
     padding_rows = draw(st.sampled_from([0, 3, 5]))
     v_sf_layout = draw(st.sampled_from(["linear", "trtllm"] if head_dim % 64 == 0 else ["linear"]))
-    case = dict(
+    case_options = dict(
         num_qo_heads=draw(st.integers(1, 6)),
         num_kv_heads=draw(st.integers(1, 3)),
         head_dim=head_dim,
         rotary_dim=2 * draw(st.integers(1, head_dim // 2)),
-        page_size=draw(st.sampled_from([1, 2, 3, 16] if v_sf_layout == "linear" else [4, 16])),  # "trtllm": 4 | page
+        page_size=draw(st.sampled_from([1, 2, 3, 16] if v_sf_layout == "linear" else [4, 16])),
         batch_size=draw(st.integers(1, 4)),
         max_tokens=draw(st.integers(1, 40)),
         decode=draw(st.booleans()),
@@ -202,14 +202,14 @@ def random_calls(draw) -> tuple:
         special_values=padding_rows >= 3 and draw(st.booleans()),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
-    options = dict(
+    call_options = dict(
         slots=draw(st.booleans()),
         q_mode=draw(st.sampled_from(Q_MODES)),
         k_out=draw(st.booleans()),
         v_sf_layout=v_sf_layout,
         scale_search=draw(st.sampled_from(["none", "4over6"])),
     )
-    return case, options
+    return case_options, call_options
 
 
 @FUZZ
