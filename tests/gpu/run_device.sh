@@ -11,9 +11,10 @@
 #   test       pytest: every test module, on the CPU and on CUDA, in TEST_SHARDS parallel processes
 #              (PYTEST_TARGETS narrows it, e.g. PYTEST_TARGETS=tests/test_cuda.py)
 #   sanitize   compute-sanitizer memcheck and racecheck over the CUDA tests of tests/test_append.py,
-#              tests/test_dequantize.py, tests/test_cuda.py, tests/test_fuzz.py (NVFP4KV_FUZZ_EXAMPLES
-#              cases each), tests/test_bad_inputs.py, tests/test_helper_bad_data.py, tests/test_mla.py and
-#              tests/test_rope.py (not its README example or graph tests, which allocate while capturing)
+#              tests/test_dequantize.py, tests/test_cuda.py, tests/test_fuzz.py, tests/test_bad_inputs.py,
+#              tests/test_helper_bad_data.py, tests/test_mla.py and tests/test_rope.py (not its README example or
+#              graph tests, which allocate while capturing); each property test (hypothesis) runs
+#              NVFP4KV_FUZZ_EXAMPLES random cases (60 unless set)
 #              (SANITIZE_TARGETS narrows it; small grid, no torch.compile tests, no codec check, no caching
 #              allocator so that every tensor is its own allocation, hence no graph capture of allocating
 #              helpers); runs last, each tool under SANITIZE_TIMEOUT seconds (default 900)
